@@ -1,0 +1,179 @@
+"""The command line of `train.py`: LightningCLI with this project's models, data and Trainer defaults."""
+
+import sys
+from argparse import RawDescriptionHelpFormatter
+from pathlib import Path
+
+import torch
+from jsonargparse import ArgumentError, DefaultHelpFormatter
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+
+from app.callbacks import GlobalBatchInfo
+from app.logger import TensorBoardLogger
+from app.quiet import silence_noise
+from datamodules import DataError, MNISTDataModule
+from models import ImageClassifier
+
+DESCRIPTION = """\
+Train SeqNet or ConvNet on MNIST or FashionMNIST with PyTorch Lightning, DDP on every visible device.
+Without a subcommand it fits, then tests the best checkpoint; 'fit', 'validate', 'test' and 'predict' run one
+stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and --trainer.num_nodes.
+
+  python train.py --model ConvNet --data.dataset mnist --devices 2
+  python train.py test --ckpt_path runs/ConvNet-mnist/version_0/checkpoints/last.ckpt
+
+Every option: python train.py fit --help"""
+
+SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
+
+TRAINER_DEFAULTS = {
+    "strategy": "ddp",
+    "accelerator": "auto",
+    "devices": "auto",
+    "max_epochs": 10,
+    "default_root_dir": "runs",
+    "callbacks": [GlobalBatchInfo()],
+}
+
+# Mistakes in what the user asked for: reported in one line, without a traceback.
+USER_ERRORS = (ArgumentError, DataError, MisconfigurationException, FileNotFoundError)
+
+
+def parse_command(argv: list[str]) -> tuple[list[str], bool]:
+    """Turn `train.py`'s command line into LightningCLI arguments, and say whether to test after fitting.
+
+    With no subcommand the program fits and then tests, so `fit` is put in front. The shortcuts `--devices N`
+    and `--num_nodes N` become `--trainer.devices N` and `--trainer.num_nodes N`, placed after the subcommand.
+    """
+    args, shortcuts = [], []
+    tokens = iter(argv)
+    for token in tokens:
+        name, has_value, value = token.partition("=")
+        if name in SHORTCUTS:
+            shortcuts.append(f"{SHORTCUTS[name]}={value if has_value else next(tokens, '')}")
+        else:
+            args.append(token)
+    test_after_fit = not has_subcommand(args) and args[:1] not in (["-h"], ["--help"])
+    if test_after_fit:
+        args.insert(0, "fit")
+    return args + shortcuts, test_after_fit
+
+
+def has_subcommand(args: list[str]) -> bool:
+    """Whether `args` name a subcommand where LightningCLI takes one: first, or after `--config FILE`."""
+    tokens = iter(args)
+    for token in tokens:
+        if token in ("-c", "--config"):
+            next(tokens, None)
+        elif not token.startswith(("--config=", "--print_config")):
+            return token in LightningCLI.subcommands()
+    return False
+
+
+class HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help, keeping the line breaks of DESCRIPTION."""
+
+
+class TrainCLI(LightningCLI):
+    """LightningCLI with the Trainer defaults of this project and a fit-then-test default command."""
+
+    def __init__(self, args: list[str], test_after_fit: bool = False) -> None:
+        self.test_after_fit = test_after_fit
+        super().__init__(
+            model_class=ImageClassifier,
+            subclass_mode_model=True,
+            datamodule_class=MNISTDataModule,
+            trainer_defaults=TRAINER_DEFAULTS,
+            seed_everything_default=42,
+            auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
+            # Each run logs into a new version folder; overwriting only matters when a user pins the version.
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"exit_on_error": False, "description": DESCRIPTION, "formatter_class": HelpFormatter},
+            args=args,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({"model": "models.SeqNet"})
+        # Two checkpoint callbacks: the best by val/acc, and last.ckpt written after every epoch. One callback with
+        # save_last=True would not do: since Lightning 2.6 it rewrites last.ckpt only when a new best is saved.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max"})
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
+        parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
+        """Parse; with `--ckpt_path FILE` the data settings saved in the checkpoint become the defaults.
+
+        Lightning restores the model's hyperparameters from the checkpoint, but not the datamodule's, so
+        `test --ckpt_path` would evaluate a MNIST model on FashionMNIST. Options given on the command line or in a
+        config file still win over the checkpoint's, so the data can be read from another folder.
+        """
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
+        data_hparams.pop("_instantiator", None)
+        if data_hparams:
+            self._subcommand_parsers[subcommand].set_defaults({f"data.{k}": v for k, v in data_hparams.items()})
+            super().parse_arguments(parser, args)
+
+    def instantiate_trainer(self, **kwargs):
+        """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset."""
+        trainer_config = self._get(self.config_init, "trainer")
+        if trainer_config["logger"] in (None, True):
+            run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
+            kwargs["logger"] = TensorBoardLogger(save_dir=trainer_config["default_root_dir"] or ".", name=run_name)
+        return super().instantiate_trainer(**kwargs)
+
+    def _check_data(self, *stages: str) -> None:
+        """Download and decode the data now, before Lightning's launcher starts the other processes.
+
+        A missing or corrupt file then stops the program with one message from one process. Only local rank 0
+        does this (the launching process, or with torchrun/SLURM the first process of each node), as Lightning
+        does with `prepare_data`; the other processes load the data in `setup`, after Lightning's barrier.
+        """
+        if self.trainer.local_rank != 0:
+            return
+        self.datamodule.prepare_data()
+        for stage in stages:
+            self.datamodule.setup(stage)
+
+    def before_fit(self) -> None:
+        self._check_data("fit", "test") if self.test_after_fit else self._check_data("fit")
+
+    def before_validate(self) -> None:
+        self._check_data("validate")
+
+    def before_test(self) -> None:
+        self._check_data("test")
+
+    def before_predict(self) -> None:
+        self._check_data("predict")
+
+    def after_fit(self) -> None:
+        if not self.test_after_fit:
+            return
+        checkpoint = self.trainer.checkpoint_callback  # the first one: best by val/acc
+        best = checkpoint.best_model_path if checkpoint is not None else ""
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, test_after_fit = parse_command(sys.argv[1:] if argv is None else argv)
+    silence_noise()
+    try:
+        TrainCLI(args, test_after_fit)
+    except USER_ERRORS as error:
+        rank = rank_zero_only.rank
+        sys.exit(f"error: {one_line(error)}" if rank == 0 else f"error (rank {rank}): {one_line(error)}")

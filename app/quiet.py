@@ -1,0 +1,19 @@
+"""Silence messages that do not concern a user of this program; keep every other warning."""
+
+import logging
+import warnings
+
+
+class _DropAdvertisement(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def silence_noise() -> None:
+    # train.py hands LightningCLI a rewritten command line on purpose.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    # Lightning 2.6 calls a torch.utils._pytree API that newer torch deprecates; nothing a user can change.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # An advertisement for a hosted logging service, printed by every Trainer.
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_DropAdvertisement())

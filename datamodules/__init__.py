@@ -1,0 +1,3 @@
+from datamodules.mnist import DataError, MNISTDataModule
+
+__all__ = ["DataError", "MNISTDataModule"]

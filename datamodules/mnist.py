@@ -1,0 +1,166 @@
+"""MNIST and FashionMNIST in one LightningDataModule that serves whole uint8 batches.
+
+torchvision decodes each IDX file into a single uint8 tensor (`.data`, `.targets`). The tutorials then turn
+every sample into a PIL image and back (`ToTensor()`), which costs more than the tiny networks do. Here a batch
+is one indexing operation on that tensor; it travels to the device as uint8 (a quarter of the bytes of float32)
+and is normalised there, in `on_after_batch_transfer`.
+"""
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning.pytorch import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.datasets import MNIST, FashionMNIST
+
+# torchvision class, mean and std of the training images (pixel values scaled to [0, 1]).
+DATASETS = {
+    "mnist": (MNIST, 0.1307, 0.3081),
+    "fashion_mnist": (FashionMNIST, 0.2860, 0.3530),
+}
+TRAIN_SET_SIZE = 60_000  # of the official files; the tests use smaller ones
+
+
+class DataError(RuntimeError):
+    """The dataset files are missing, cannot be downloaded or are corrupt; the message says how to fix it."""
+
+
+class BatchedTensorDataset(TensorDataset):
+    """A TensorDataset that gives the DataLoader a whole batch from one indexing operation.
+
+    The DataLoader calls `__getitems__` with the batch's indices (chosen by whatever sampler Lightning put in,
+    a `DistributedSampler` under DDP) instead of calling `__getitem__` once per sample.
+    """
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, ...]:
+        return self[torch.tensor(indices)]
+
+
+def already_batched(batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Collate function for `BatchedTensorDataset`: the batch is built already, so pass it through."""
+    return batch
+
+
+class MNISTDataModule(LightningDataModule):
+    """MNIST or FashionMNIST: a train/val split of the official 60k training images and the official 10k test set.
+
+    Args:
+        dataset: Which dataset to load.
+        data_dir: Folder holding `MNIST/raw/` or `FashionMNIST/raw/` (torchvision's layout); downloaded there if
+            missing.
+        batch_size: Samples per batch *per device*. Under DDP one optimizer step sees
+            `batch_size * devices * num_nodes` samples (the global batch, printed at start).
+        num_workers: DataLoader worker processes per device. Batches are slices of a tensor in memory, so 0 is
+            usually fastest.
+        val_size: Images held out of the training set for validation.
+        val_split_seed: Seed of the train/val split; fixed so that every rank and every run holds out the same images.
+    """
+
+    def __init__(
+        self,
+        dataset: Literal["mnist", "fashion_mnist"] = "fashion_mnist",
+        data_dir: str = "data",
+        batch_size: PositiveInt = 64,
+        num_workers: NonNegativeInt = 0,
+        val_size: PositiveInt = 5000,
+        val_split_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.dataset_class, self.mean, self.std = DATASETS[dataset]
+        self.train_set: BatchedTensorDataset | None = None
+        self.val_set: BatchedTensorDataset | None = None
+        self.test_set: BatchedTensorDataset | None = None
+
+    @property
+    def raw_folder(self) -> Path:
+        """Where torchvision looks for the four IDX files."""
+        return Path(self.hparams.data_dir) / self.dataset_class.__name__ / "raw"
+
+    @property
+    def file_names(self) -> list[str]:
+        """The four uncompressed IDX files torchvision expects in `raw_folder`."""
+        return [name.removesuffix(".gz") for name, _md5 in self.dataset_class.resources]
+
+    def prepare_data(self) -> None:
+        """Download the files if they are missing. Lightning calls this once per node, on local rank 0."""
+        if all((self.raw_folder / name).is_file() for name in self.file_names):
+            return
+        try:
+            for train in (True, False):
+                self.dataset_class(self.hparams.data_dir, train=train, download=True)
+        except (OSError, RuntimeError) as err:
+            reason = str(err).strip().splitlines()[-1]
+            raise DataError(
+                f"{self.dataset_class.__name__} is not in {self.raw_folder} and the download failed ({reason}). "
+                f"Put {', '.join(self.file_names)} there (gunzip the .gz files), or point --data.data_dir at the "
+                f"folder that holds {self.dataset_class.__name__}/raw/."
+            ) from err
+
+    def setup(self, stage: str) -> None:
+        """Load the splits this stage needs, once; every rank holds the whole split and the sampler picks its share."""
+        if stage in ("fit", "validate") and self.train_set is None:
+            images, targets = self._load(train=True)
+            val_size = self.hparams.val_size
+            if val_size >= len(images):
+                raise DataError(
+                    f"--data.val_size {val_size} leaves no training images: the training file holds {len(images)}."
+                )
+            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.hparams.val_split_seed))
+            val_index, train_index = order[:val_size], order[val_size:]
+            self.train_set = BatchedTensorDataset(images[train_index], targets[train_index])
+            self.val_set = BatchedTensorDataset(images[val_index], targets[val_index])
+        if stage in ("test", "predict") and self.test_set is None:
+            self.test_set = BatchedTensorDataset(*self._load(train=False))
+
+    def _load(self, train: bool) -> tuple[Tensor, Tensor]:
+        """Decode one split with torchvision, turning its errors into a message that says what to do."""
+        split = "train" if train else "test"
+        missing = [name for name in self.file_names if not (self.raw_folder / name).is_file()]
+        if missing:
+            raise DataError(f"Missing {', '.join(missing)} in {self.raw_folder}; run prepare_data or place them there.")
+        try:
+            dataset = self.dataset_class(self.hparams.data_dir, train=train)
+        except (AssertionError, KeyError, RuntimeError, TypeError, ValueError) as err:
+            raise DataError(
+                f"The {split} files in {self.raw_folder} are corrupt or truncated ({type(err).__name__}: {err}). "
+                "Delete them and download or copy them again."
+            ) from err
+        if len(dataset.data) != len(dataset.targets):
+            raise DataError(
+                f"The {split} files in {self.raw_folder} disagree: {len(dataset.data)} images but "
+                f"{len(dataset.targets)} labels. Delete them and download or copy them again."
+            )
+        return dataset.data, dataset.targets
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set)
+
+    def _loader(self, dataset: BatchedTensorDataset, shuffle: bool = False) -> DataLoader:
+        # A plain sampler: Lightning swaps in a DistributedSampler (keeping `shuffle`) when it runs under DDP.
+        return DataLoader(
+            dataset,
+            batch_size=self.hparams.batch_size,
+            shuffle=shuffle,
+            num_workers=self.hparams.num_workers,
+            collate_fn=already_batched,
+            persistent_workers=self.hparams.num_workers > 0,
+        )
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        """Turn the uint8 images (N, 28, 28) into normalised float images (N, 1, 28, 28), on the device."""
+        images, targets = batch
+        images = (images.unsqueeze(1).float() / 255 - self.mean) / self.std
+        return images, targets

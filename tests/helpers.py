@@ -1,0 +1,82 @@
+"""Running train.py as a user does, and reading what a run leaves behind."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+# Where a download would go, nothing answers: tests never reach the network, whatever machine runs them.
+NO_NETWORK = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    pid: int  # of the process the user started: rank 0 under Lightning's launcher
+
+
+def run_train(*args: str, timeout: float = 240) -> Run:
+    """Run `python train.py ARGS` from the repository root and wait for it, at most `timeout` seconds.
+
+    The program runs in a process group of its own, which is killed at the end whatever happened: a timeout or a
+    crash leaves no rank of the DDP job behind.
+    """
+    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        if process.returncode is None:
+            process.communicate()
+    return Run(process.returncode, stdout, stderr, process.pid)
+
+
+def scalars(log_dir: Path) -> dict[str, list[float]]:
+    """Every scalar series TensorBoard would show for the run in `log_dir`."""
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [event.value for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+class RecordTrainSamples(Callback):
+    """Test instrument: writes which training samples this rank was given in the first epoch.
+
+    Samples are recognised by their pixels (the synthetic images are all different) and written as indices into
+    the datamodule's training split, to `<default_root_dir>/samples/rank<global rank>.json`.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        datamodule = trainer.datamodule
+        images, _targets = datamodule.on_after_batch_transfer(datamodule.train_set.tensors, 0)
+        self.index_of = {image.numpy().tobytes(): index for index, image in enumerate(images)}
+        self.seen: list[int] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if trainer.current_epoch == 0:
+            self.seen += [self.index_of[image.numpy().tobytes()] for image in batch[0]]
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            folder = Path(trainer.default_root_dir) / "samples"
+            folder.mkdir(exist_ok=True)
+            (folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))

@@ -1,0 +1,131 @@
+"""train.py's command line: shortcuts, the default fit-then-test, config round trips and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.cli import main, parse_command
+from tests.helpers import run_train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "args", "test_after_fit"),
+    [
+        ([], ["fit"], True),
+        (["--devices", "4", "--num_nodes", "2"], ["fit", "--trainer.devices=4", "--trainer.num_nodes=2"], True),
+        (["--devices=3", "--model", "ConvNet"], ["fit", "--model", "ConvNet", "--trainer.devices=3"], True),
+        (
+            ["test", "--ckpt_path", "x.ckpt", "--devices", "3"],
+            ["test", "--ckpt_path", "x.ckpt", "--trainer.devices=3"],
+            False,
+        ),
+        (["--devices", "2", "validate"], ["validate", "--trainer.devices=2"], False),
+        (["--config", "c.yaml", "--devices", "2"], ["fit", "--config", "c.yaml", "--trainer.devices=2"], True),
+        (["--config", "c.yaml", "test"], ["--config", "c.yaml", "test"], False),
+        (["--trainer.default_root_dir", "test"], ["fit", "--trainer.default_root_dir", "test"], True),
+        (["--help"], ["--help"], False),
+    ],
+)
+def test_command_line_becomes_lightning_cli_arguments(argv, args, test_after_fit):
+    assert parse_command(argv) == (args, test_after_fit)
+
+
+def print_config(capsys, *argv: str) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--print_config"])
+    assert exit_info.value.code in (None, 0)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_overrides_and_shortcuts_reach_the_config_and_round_trip(capsys, tmp_path):
+    config = print_config(
+        capsys,
+        *("--model", "ConvNet", "--data.dataset", "mnist", "--trainer.max_epochs", "3"),
+        *("--model.optimizer", "Adadelta", "--model.optimizer.lr", "0.1", "--devices", "4", "--num_nodes", "2"),
+    )
+    assert config["model"]["class_path"] == "models.ConvNet"
+    assert config["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.Adadelta"
+    assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.1
+    assert config["data"]["dataset"] == "mnist"
+    assert (str(config["trainer"]["devices"]), config["trainer"]["num_nodes"]) == ("4", 2)
+    assert (config["trainer"]["strategy"], config["trainer"]["max_epochs"]) == ("ddp", 3)
+
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(config))
+    assert print_config(capsys, "--config", str(saved)) == config
+
+
+def test_defaults_are_seqnet_on_fashion_mnist_with_ddp(capsys):
+    config = print_config(capsys)
+    assert config["model"]["class_path"] == "models.SeqNet"
+    assert config["data"]["dataset"] == "fashion_mnist"
+    assert (config["trainer"]["strategy"], config["trainer"]["accelerator"]) == ("ddp", "auto")
+    assert config["checkpoint"]["monitor"] == "val/acc"
+
+
+@pytest.mark.parametrize(
+    ("config_file", "model", "optimizer", "lr", "dataset", "batch_size", "max_epochs"),
+    [
+        ("seqnet_fashion_mnist.yaml", "models.SeqNet", "torch.optim.Adam", 0.01, "fashion_mnist", 100, 10),
+        ("convnet_mnist.yaml", "models.ConvNet", "torch.optim.Adadelta", 0.01, "mnist", 64, 5),
+    ],
+)
+def test_tutorial_recipes_load(capsys, config_file, model, optimizer, lr, dataset, batch_size, max_epochs):
+    config = print_config(capsys, "--config", str(REPO / "configs" / config_file), "--devices", "2")
+    model_config = config["model"]
+    assert model_config["class_path"] == model
+    assert model_config["init_args"]["optimizer"]["class_path"] == optimizer
+    assert model_config["init_args"]["optimizer"]["init_args"]["lr"] == lr
+    assert (config["data"]["dataset"], config["data"]["batch_size"]) == (dataset, batch_size)
+    assert (config["trainer"]["max_epochs"], str(config["trainer"]["devices"])) == (max_epochs, "2")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--data.dataset", "cifar10"], "data.dataset"),
+        (["--model", "ResNet"], "model"),
+        (["--data.batch_size", "-5"], "batch_size"),
+        (["--trainer.max_epochs", "many"], "max_epochs"),
+        (["--config", "README.md"], "config"),
+        (["--config", "no/such/file.yaml"], "does not exist"),
+    ],
+)
+def test_bad_arguments_end_in_one_line_and_a_non_zero_exit(argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    message = exit_info.value.code  # sys.exit(message) prints it to stderr and exits with status 1
+    assert isinstance(message, str) and message.startswith("error: ")
+    assert expected in message and "\n" not in message
+
+
+def test_missing_data_offline_ends_in_one_line_without_traceback(tmp_path):
+    result = run_train("--data.data_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--devices", "2", timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: FashionMNIST is not in") and "t10k-labels-idx1-ubyte" in last_line
+
+
+def test_truncated_data_ends_in_one_line_without_traceback(data_dir, tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for source in (data_dir / "MNIST" / "raw").iterdir():
+        (raw / source.name).write_bytes(source.read_bytes()[:2000])
+    argv = (
+        "--data.dataset",
+        "mnist",
+        "--data.data_dir",
+        str(tmp_path),
+        "--trainer.accelerator",
+        "cpu",
+        "--devices",
+        "2",
+    )
+    result = run_train(*argv, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "corrupt or truncated" in result.stderr.strip().splitlines()[-1]

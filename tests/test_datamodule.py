@@ -1,0 +1,90 @@
+"""The datamodule on small synthetic IDX files: splits, normalisation, batching and clear errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.datasets import MNIST, FashionMNIST
+
+from datamodules import DataError, MNISTDataModule
+from tests.conftest import TEST_SIZE, TRAIN_SIZE
+
+DATASETS = [("mnist", 0.1307, 0.3081), ("fashion_mnist", 0.2860, 0.3530)]
+
+
+def fitted(data_dir: Path, val_size: int = 200, **kwargs) -> MNISTDataModule:
+    datamodule = MNISTDataModule(data_dir=str(data_dir), val_size=val_size, **kwargs)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return datamodule
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
+def test_splits_hold_out_validation_from_train_and_use_the_official_test_set(data_dir, dataset):
+    datamodule = fitted(data_dir, dataset=dataset)
+    datamodule.setup("test")
+    train, val = datamodule.train_set.tensors[0], datamodule.val_set.tensors[0]
+    assert (len(train), len(val), len(datamodule.test_set)) == (TRAIN_SIZE - 200, 200, TEST_SIZE)
+    train_images = {image.numpy().tobytes() for image in train}
+    assert not any(image.numpy().tobytes() in train_images for image in val)
+
+
+def test_split_is_the_same_for_every_instance_and_changes_with_its_seed(data_dir):
+    first, second = fitted(data_dir), fitted(data_dir)
+    assert torch.equal(first.val_set.tensors[0], second.val_set.tensors[0])
+    reseeded = fitted(data_dir, val_split_seed=1)
+    assert not torch.equal(first.val_set.tensors[0], reseeded.val_set.tensors[0])
+
+
+@pytest.mark.parametrize(("dataset", "mean", "std"), DATASETS)
+def test_batches_travel_as_uint8_and_are_normalised_with_the_dataset_statistics(data_dir, dataset, mean, std):
+    datamodule = fitted(data_dir, dataset=dataset, batch_size=32)
+    images, targets = next(iter(datamodule.train_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (32, 28, 28)
+    assert targets.dtype == torch.int64 and targets.shape == (32,)
+    normalised, same_targets = datamodule.on_after_batch_transfer((images, targets), 0)
+    assert normalised.dtype == torch.float32 and normalised.shape == (32, 1, 28, 28)
+    assert torch.allclose(normalised[:, 0], (images / 255 - mean) / std)
+    assert same_targets is targets
+
+
+def test_a_batch_is_the_samples_of_its_indices(data_dir):
+    dataset = fitted(data_dir).train_set
+    images, targets = dataset.__getitems__([5, 0, 7])
+    for row, index in enumerate([5, 0, 7]):
+        assert torch.equal(images[row], dataset[index][0]) and targets[row] == dataset[index][1]
+
+
+@pytest.mark.parametrize(("dataset", "folder"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_missing_files_that_cannot_be_downloaded_name_the_folder_and_the_files(tmp_path, monkeypatch, dataset, folder):
+    for dataset_class in (MNIST, FashionMNIST):  # a mirror where nothing answers: the download fails at once
+        monkeypatch.setattr(dataset_class, "mirrors", ["http://127.0.0.1:9/"])
+    datamodule = MNISTDataModule(dataset=dataset, data_dir=str(tmp_path))
+    with pytest.raises(DataError) as error:
+        datamodule.prepare_data()
+    message = str(error.value)
+    assert str(tmp_path / folder / "raw") in message
+    for name in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ):
+        assert name in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["train-images-idx3-ubyte", "train-labels-idx1-ubyte"])
+def test_truncated_files_are_reported_as_corrupt(data_dir, tmp_path, name):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for source in (data_dir / "MNIST" / "raw").iterdir():
+        (raw / source.name).write_bytes(source.read_bytes())
+    (raw / name).write_bytes((raw / name).read_bytes()[:1000])
+    with pytest.raises(DataError, match="corrupt or truncated"):
+        fitted(tmp_path, dataset="mnist")
+
+
+def test_a_validation_set_as_large_as_the_training_file_is_refused(data_dir):
+    with pytest.raises(DataError, match="val_size"):
+        fitted(data_dir, val_size=TRAIN_SIZE)

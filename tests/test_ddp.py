@@ -1,0 +1,108 @@
+"""Real DDP runs of train.py on CPU: two processes on the gloo backend, small synthetic data."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from app.logger import HPARAMS_METRICS
+from tests.conftest import TRAIN_SIZE
+from tests.helpers import run_train, scalars
+
+VAL_SIZE = 200
+COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
+
+
+@pytest.fixture(scope="module")
+def fit_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One `python train.py --devices 2 ...` (fit, then test), shared by the tests of this module."""
+    root = tmp_path_factory.mktemp("runs")
+    result = run_train(
+        *COMMON,
+        "--model", "SeqNet",
+        "--data.dataset", "mnist",
+        "--data.data_dir", str(data_dir),
+        "--data.val_size", str(VAL_SIZE),
+        "--data.batch_size", "50",
+        "--devices", "2",
+        "--trainer.max_epochs", "3",
+        "--trainer.log_every_n_steps", "2",
+        "--trainer.default_root_dir", str(root),
+        "--trainer.callbacks+=tests.helpers.RecordTrainSamples",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root, result
+
+
+def run_dir(root: Path) -> Path:
+    (version,) = (root / "SeqNet-mnist").iterdir()
+    return version
+
+
+def test_ddp_run_learns_the_task(fit_run):
+    root, _result = fit_run
+    test_acc = scalars(run_dir(root))["test/acc"]
+    assert len(test_acc) == 1
+    assert test_acc[0] >= 0.9  # chance is 0.1
+
+
+def test_two_ranks_see_every_training_sample_exactly_once_per_epoch(fit_run):
+    root, _result = fit_run
+    shards = [json.loads((root / "samples" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    train_size = TRAIN_SIZE - VAL_SIZE
+    assert [len(shard) for shard in shards] == [train_size // 2, train_size // 2]
+    assert sorted(shards[0] + shards[1]) == list(range(train_size))
+
+
+def test_tensorboard_has_the_documented_scalars(fit_run):
+    root, _result = fit_run
+    tags = set(scalars(run_dir(root)))
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "epoch"} <= tags
+    assert any(tag.startswith("lr-") for tag in tags), tags
+    assert {"global_batch_size", "world_size", "steps_per_epoch"} <= tags
+    assert scalars(run_dir(root))["global_batch_size"] == [100.0]
+
+
+def test_hparams_tab_names_real_metrics_not_the_placeholder(fit_run):
+    root, _result = fit_run
+    metric_tags, hparams = set(), set()
+    for event_file in run_dir(root).glob("events.out.tfevents.*"):
+        for event in EventFileLoader(str(event_file)).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name != "hparams":
+                    continue
+                data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                metric_tags |= {info.name.tag for info in data.experiment.metric_infos}
+                hparams |= set(data.session_start_info.hparams)
+    assert metric_tags == set(HPARAMS_METRICS)
+    assert {"dataset", "batch_size", "val_size", "optimizer/class_path", "optimizer/init_args/lr"} <= hparams
+    assert "hp_metric" not in scalars(run_dir(root))
+
+
+def test_only_rank_zero_writes_logs_and_checkpoints(fit_run):
+    root, result = fit_run
+    version = run_dir(root)  # one version folder: rank 1 made none
+    assert [p.name for p in (root / "SeqNet-mnist").iterdir()] == ["version_0"]
+    writer_pids = {re.search(r"\.(\d+)\.\d+$", p.name).group(1) for p in version.glob("events.out.tfevents.*")}
+    # The process started by the user is rank 0; Lightning's launcher started rank 1.
+    assert writer_pids == {str(result.pid)}
+    checkpoints = sorted(p.name for p in (version / "checkpoints").iterdir())
+    assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
+    assert (version / "config.yaml").is_file()
+    assert result.stdout.count("test/acc") == 1  # the test table, printed once
+
+
+def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_run, tmp_path):
+    root, _result = fit_run
+    best = next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt")
+    # No --data options: dataset, folder and split come from the checkpoint.
+    result = run_train(
+        "test", "--ckpt_path", str(best), "--devices", "2", "--trainer.default_root_dir", str(tmp_path), *COMMON
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (evaluation,) = (tmp_path / "SeqNet-mnist").iterdir()
+    assert scalars(evaluation)["test/acc"] == scalars(run_dir(root))["test/acc"]
+    assert "train/loss" not in scalars(evaluation)  # no training happened
