@@ -15,10 +15,15 @@ class GlobalBatchInfo(Callback):
         per_device = trainer.datamodule.hparams.batch_size
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         steps_per_epoch = trainer.num_training_batches // trainer.accumulate_grad_batches
-        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        group = trainer.optimizers[0].param_groups[0]
+        lr = (
+            f"peak learning rate {group['max_lr']:g} (one-cycle)"
+            if "max_lr" in group
+            else f"learning rate {group['lr']:g}"
+        )
         rank_zero_info(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes"
-            f" x {trainer.accumulate_grad_batches} accumulated; learning rate {lr:g};"
+            f" x {trainer.accumulate_grad_batches} accumulated; {lr};"
             f" {steps_per_epoch} optimizer steps per epoch."
         )
         for logger in trainer.loggers:  # loggers write on rank 0 only

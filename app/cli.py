@@ -130,7 +130,10 @@ class TrainCLI(LightningCLI):
         if trainer_config["logger"] in (None, True):
             run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
             kwargs["logger"] = TensorBoardLogger(save_dir=trainer_config["default_root_dir"] or ".", name=run_name)
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        return trainer
 
     def _check_data(self, *stages: str) -> None:
         """Download and decode the data now, before Lightning's launcher starts the other processes.

@@ -16,6 +16,10 @@ class ImageClassifier(LightningModule):
 
     The optimizer and the optional LR scheduler are constructor arguments, so the CLI chooses them
     (`--model.optimizer Adadelta --model.optimizer.lr 0.01`), as the LightningCLI docs show for dependency injection.
+    Without a scheduler, `one_cycle` makes the learning rate follow torch's `OneCycleLR` over the whole run, stepped
+    every batch and peaking at the optimizer's `lr`: a short warm-up, then annealing, so that the weights at the end
+    of a short run are good ones (a constant rate leaves them noisy). `--model.one_cycle false` keeps the rate
+    constant; a scheduler given with `--model.lr_scheduler` is stepped once per epoch, Lightning's default.
 
     Each stage has its own torchmetrics objects. Under DDP they sum their states (correct predictions, loss times
     samples, sample counts) over all ranks before computing, so a validation or test figure is weighted by samples,
@@ -26,8 +30,9 @@ class ImageClassifier(LightningModule):
 
     def __init__(
         self,
-        optimizer: OptimizerCallable = torch.optim.Adam,
+        optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=0.01),
         lr_scheduler: LRSchedulerCallable | None = None,
+        one_cycle: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -73,6 +78,11 @@ class ImageClassifier(LightningModule):
 
     def configure_optimizers(self):
         optimizer = self.optimizer(self.parameters())
-        if self.lr_scheduler is None:
+        if self.lr_scheduler is not None:
+            return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler(optimizer)}
+        if not self.hparams.one_cycle:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler(optimizer)}
+        peak_lrs = [group["lr"] for group in optimizer.param_groups]
+        total_steps = self.trainer.estimated_stepping_batches  # optimizer steps of the whole run, on each rank
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=peak_lrs, total_steps=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

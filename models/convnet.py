@@ -26,10 +26,11 @@ class ConvNet(ImageClassifier):
 
     def __init__(
         self,
-        optimizer: OptimizerCallable = torch.optim.Adam,
+        optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=0.01),
         lr_scheduler: LRSchedulerCallable | None = None,
+        one_cycle: bool = True,
     ) -> None:
-        super().__init__(optimizer, lr_scheduler)
+        super().__init__(optimizer, lr_scheduler, one_cycle)
         self.net = nn.Sequential(
             conv_block(1, 32),
             conv_block(32, 64),

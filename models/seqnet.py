@@ -17,10 +17,11 @@ class SeqNet(ImageClassifier):
 
     def __init__(
         self,
-        optimizer: OptimizerCallable = torch.optim.Adam,
+        optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=0.01),
         lr_scheduler: LRSchedulerCallable | None = None,
+        one_cycle: bool = True,
     ) -> None:
-        super().__init__(optimizer, lr_scheduler)
+        super().__init__(optimizer, lr_scheduler, one_cycle)
         self.net = nn.Sequential(
             nn.Flatten(),
             nn.Linear(28 * 28, 200),

@@ -129,3 +129,11 @@ def test_truncated_data_ends_in_one_line_without_traceback(data_dir, tmp_path):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "corrupt or truncated" in result.stderr.strip().splitlines()[-1]
+
+
+def test_runs_without_a_logger(data_dir, tmp_path):
+    argv = ("--trainer.logger", "false", "--data.data_dir", str(data_dir), "--data.val_size", "200")
+    result = run_train(*argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "test/acc" in result.stdout
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))
