@@ -137,3 +137,13 @@ def test_runs_without_a_logger(data_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "test/acc" in result.stdout
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
+
+
+def test_a_second_run_into_the_same_folder_gets_its_own_version(data_dir, tmp_path):
+    argv = ("--data.data_dir", str(data_dir), "--data.val_size", "200", "--trainer.max_epochs", "1")
+    for _ in range(2):
+        result = run_train(*argv, "--trainer.default_root_dir", str(tmp_path), timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+    versions = sorted(p.name for p in (tmp_path / "SeqNet-fashion_mnist").iterdir())
+    assert versions == ["version_0", "version_1"]
+    assert all((tmp_path / "SeqNet-fashion_mnist" / v / "config.yaml").is_file() for v in versions)
