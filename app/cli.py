@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentError, DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -148,7 +149,15 @@ class TrainCLI(LightningCLI):
         for stage in stages:
             self.datamodule.setup(stage)
 
+    def _check_sync_batchnorm(self) -> None:
+        if self._get(self.config, "trainer.sync_batchnorm") and isinstance(self.trainer.accelerator, CPUAccelerator):
+            raise MisconfigurationException(
+                "--trainer.sync_batchnorm true needs GPUs: torch's SyncBatchNorm has no CPU implementation. On CPU,"
+                " leave it off (each process then normalises with its own batch statistics)."
+            )
+
     def before_fit(self) -> None:
+        self._check_sync_batchnorm()
         self._check_data("fit", "test") if self.test_after_fit else self._check_data("fit")
 
     def before_validate(self) -> None:

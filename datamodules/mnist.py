@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import MNIST, FashionMNIST
@@ -137,23 +138,40 @@ class MNISTDataModule(LightningDataModule):
         return dataset.data, dataset.targets
 
     def train_dataloader(self) -> DataLoader:
+        # A plain shuffling loader: under DDP Lightning swaps in a DistributedSampler, seeded and re-shuffled each
+        # epoch (`set_epoch`), that gives each rank an equal share.
         return self._loader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set)
+        return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)
+        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)
+        return self._loader(self.test_set)  # Lightning shards predictions without repeats already
 
-    def _loader(self, dataset: BatchedTensorDataset, shuffle: bool = False) -> DataLoader:
-        # A plain sampler: Lightning swaps in a DistributedSampler (keeping `shuffle`) when it runs under DDP.
+    def _evaluation_sampler(self, dataset: BatchedTensorDataset) -> UnrepeatedDistributedSampler | None:
+        """Under DDP, give each rank every world_size-th sample, each sample to exactly one rank.
+
+        Lightning's default, a DistributedSampler, pads the set with repeated samples until its size divides by the
+        number of ranks, so 10,000 test images on 3 ranks would count 2 of them twice. Here ranks may get one sample
+        (and so one batch) more than others; the torchmetrics states add up per sample, so the figures are exact
+        and the same for any number of ranks.
+        """
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return None
+        return UnrepeatedDistributedSampler(
+            dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+        )
+
+    def _loader(self, dataset: BatchedTensorDataset, shuffle: bool = False, sampler=None) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.hparams.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=self.hparams.num_workers,
             collate_fn=already_batched,
             persistent_workers=self.hparams.num_workers > 0,

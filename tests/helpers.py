@@ -59,24 +59,25 @@ def scalars(log_dir: Path) -> dict[str, list[float]]:
 
 
 class RecordTrainSamples(Callback):
-    """Test instrument: writes which training samples this rank was given in the first epoch.
+    """Test instrument: writes which training samples this rank was given, in order, in each epoch.
 
     Samples are recognised by their pixels (the synthetic images are all different) and written as indices into
-    the datamodule's training split, to `<default_root_dir>/samples/rank<global rank>.json`.
+    the datamodule's training split, to `<default_root_dir>/samples/rank<global rank>_epoch<epoch>.json`.
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         datamodule = trainer.datamodule
         images, _targets = datamodule.on_after_batch_transfer(datamodule.train_set.tensors, 0)
         self.index_of = {image.numpy().tobytes(): index for index, image in enumerate(images)}
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.seen: list[int] = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        if trainer.current_epoch == 0:
-            self.seen += [self.index_of[image.numpy().tobytes()] for image in batch[0]]
+        self.seen += [self.index_of[image.numpy().tobytes()] for image in batch[0]]
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.current_epoch == 0:
-            folder = Path(trainer.default_root_dir) / "samples"
-            folder.mkdir(exist_ok=True)
-            (folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+        folder = Path(trainer.default_root_dir) / "samples"
+        folder.mkdir(exist_ok=True)
+        name = f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.json"
+        (folder / name).write_text(json.dumps(self.seen))

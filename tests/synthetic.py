@@ -1,7 +1,8 @@
 """Small, learnable stand-ins for MNIST and FashionMNIST, written as IDX files in torchvision's layout.
 
 Each class is a fixed random pattern; each sample is its class's pattern plus noise, so a network learns the
-task within a few epochs, and no two samples are equal (the tests tell samples apart by their pixels).
+task within a few epochs, and no two samples are equal (the tests tell samples apart by their pixels). A few
+labels are wrong, so a trained network scores about 0.95, not 1.
 """
 
 import struct
@@ -10,6 +11,7 @@ from pathlib import Path
 import torch
 
 IMAGE_MAGIC, LABEL_MAGIC = 0x0803, 0x0801  # uint8 data with 3 and 1 dimensions
+LABEL_NOISE = 0.05
 
 
 def write_idx(path: Path, data: torch.Tensor) -> None:
@@ -24,6 +26,9 @@ def make_split(size: int, generator: torch.Generator, patterns: torch.Tensor) ->
     labels = labels[torch.randperm(size, generator=generator)]
     noise = torch.randint(0, 96, (size, 28, 28), generator=generator)
     images = (patterns[labels] * 160 + noise).clamp(max=255)
+    # Wrong labels on LABEL_NOISE of the samples, so that accuracy stays below 1 and every sample counts.
+    mislabelled = torch.rand(size, generator=generator) < LABEL_NOISE
+    labels[mislabelled] = (labels[mislabelled] + 1) % 10
     return images.to(torch.uint8), labels.to(torch.uint8)
 
 

@@ -46,15 +46,19 @@ def test_ddp_run_learns_the_task(fit_run):
     root, _result = fit_run
     test_acc = scalars(run_dir(root))["test/acc"]
     assert len(test_acc) == 1
-    assert test_acc[0] >= 0.9  # chance is 0.1
+    assert 0.85 <= test_acc[0] < 1  # chance is 0.1; 5% of the labels are wrong
 
 
 def test_two_ranks_see_every_training_sample_exactly_once_per_epoch(fit_run):
     root, _result = fit_run
-    shards = [json.loads((root / "samples" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     train_size = TRAIN_SIZE - VAL_SIZE
-    assert [len(shard) for shard in shards] == [train_size // 2, train_size // 2]
-    assert sorted(shards[0] + shards[1]) == list(range(train_size))
+    orders = []
+    for epoch in (0, 1):
+        shards = [json.loads((root / "samples" / f"rank{rank}_epoch{epoch}.json").read_text()) for rank in (0, 1)]
+        assert [len(shard) for shard in shards] == [train_size // 2, train_size // 2]
+        assert sorted(shards[0] + shards[1]) == list(range(train_size))
+        orders.append(shards)
+    assert orders[0] != orders[1]  # the sampler reshuffles every epoch (Lightning calls set_epoch)
 
 
 def test_tensorboard_has_the_documented_scalars(fit_run):
@@ -106,3 +110,21 @@ def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_r
     (evaluation,) = (tmp_path / "SeqNet-mnist").iterdir()
     assert scalars(evaluation)["test/acc"] == scalars(run_dir(root))["test/acc"]
     assert "train/loss" not in scalars(evaluation)  # no training happened
+
+
+def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, tmp_path):
+    """301 test images: 2 and 3 processes get uneven shares, which Lightning's default sampler would pad."""
+    root, _result = fit_run
+    best = next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt")
+    figures = []
+    for devices in (1, 2, 3):
+        logs = tmp_path / f"devices{devices}"
+        argv = ("test", "--ckpt_path", str(best), "--devices", str(devices), "--data.batch_size", "40")
+        result = run_train(*argv, "--trainer.default_root_dir", str(logs), *COMMON)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (evaluation,) = (logs / "SeqNet-mnist").iterdir()
+        figures.append(scalars(evaluation))
+    accuracies = [f["test/acc"] for f in figures]
+    assert accuracies[0] == accuracies[1] == accuracies[2] and accuracies[0][0] < 1
+    losses = [f["test/loss"][0] for f in figures]
+    assert max(losses) - min(losses) < 1e-6

@@ -38,4 +38,4 @@ def test_model_learns_the_synthetic_task(data_dir, tmp_path, model_class):
     model = model_class()
     trainer.fit(model, datamodule=datamodule)
     (results,) = trainer.test(model, datamodule=datamodule, verbose=False)
-    assert results["test/acc"] >= 0.9  # chance is 0.1
+    assert results["test/acc"] >= 0.85  # chance is 0.1, the best possible about 0.95

@@ -1,0 +1,93 @@
+"""Correct numbers under DDP, checked with real multi-process gloo runs of train.py on CPU.
+
+- Evaluation counts every held-out sample exactly once, for any number of processes.
+- N processes with per-device batch b train the same weights as one process with batch N*b on the same samples,
+  except where BatchNorm normalises each rank's share with its own statistics (SyncBatchNorm, GPU only, fixes it).
+- The same seed and configuration give identical results.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import main
+from tests.helpers import run_train, scalars
+
+# One epoch of 1,000 training images (1,200 minus 200 for validation): 10 optimizer steps of 100 samples.
+COMMON = (
+    *("fit", "--data.dataset", "mnist", "--data.val_size", "200", "--trainer.max_epochs", "1"),
+    *("--trainer.accelerator", "cpu", "--trainer.deterministic", "true", "--trainer.enable_progress_bar", "false"),
+    *("--model.optimizer", "SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9"),
+)
+TOLERANCE = 1e-5  # float32 rounding of the gradient all-reduce and of summed BatchNorm statistics
+
+
+@pytest.fixture(scope="module")
+def train(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Train one epoch with `train.py` (model, devices, per-device batch size, more options) and return the final
+    weights and TensorBoard scalars; each configuration runs once per module."""
+    done: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
+
+    def run(model: str, devices: int, batch_size: int, *extra: str, repeat: int = 0) -> dict[str, torch.Tensor]:
+        key = (model, str(devices), str(batch_size), *extra, str(repeat))
+        if key not in done:
+            root = tmp_path_factory.mktemp("fit")
+            result = run_train(
+                *COMMON,
+                *("--model", model, "--data.data_dir", str(data_dir), "--data.batch_size", str(batch_size)),
+                *("--devices", str(devices), "--trainer.default_root_dir", str(root), *extra),
+            )
+            assert result.returncode == 0, result.stderr[-3000:]
+            (run_dir,) = root.glob(f"{model}-mnist/version_*")
+            checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+            done[key] = {"weights": checkpoint["state_dict"], "scalars": scalars(run_dir)}
+        return done[key]
+
+    return run
+
+
+def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    assert first.keys() == second.keys()
+    return max((first[k].double() - second[k].double()).abs().max().item() for k in first)
+
+
+def test_two_processes_train_the_same_seqnet_as_one_process_with_twice_the_batch(train):
+    one = train("SeqNet", 1, 100)
+    two = train("SeqNet", 2, 50)
+    assert one["scalars"]["global_batch_size"] == two["scalars"]["global_batch_size"] == [100.0]
+    assert max_difference(one["weights"], two["weights"]) < TOLERANCE
+
+
+def test_convnet_batchnorm_makes_two_processes_differ_from_one(train):
+    one = train("ConvNet", 1, 100)
+    two = train("ConvNet", 2, 50)
+    # Each rank's BatchNorm normalises with the statistics of its own 50 samples: a different computation.
+    assert max_difference(one["weights"], two["weights"]) > 100 * TOLERANCE
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm needs a GPU per process (no CPU kernels)")
+def test_sync_batchnorm_makes_the_convnet_match_one_process(train):
+    gpu = ("--trainer.accelerator", "gpu", "--trainer.deterministic", "false")
+    one = train("ConvNet", 1, 100, *gpu)
+    synced = train("ConvNet", 2, 50, *gpu, "--trainer.sync_batchnorm", "true")
+    # SyncBatchNorm uses the statistics of all 100 samples of the step, as the single process does.
+    assert max_difference(one["weights"], synced["weights"]) < 1e-4  # GPU kernels round differently
+
+
+def test_sync_batchnorm_on_cpu_is_refused_in_one_line():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--trainer.accelerator", "cpu", "--trainer.sync_batchnorm", "true"])
+    message = exit_info.value.code
+    assert message.startswith("error: ") and "sync_batchnorm" in message and "\n" not in message
+
+
+def test_same_seed_and_config_give_identical_runs(train):
+    extra = ("--data.num_workers", "1", "--trainer.log_every_n_steps", "2")
+    first = train("ConvNet", 2, 50, *extra)
+    second = train("ConvNet", 2, 50, *extra, repeat=1)
+    assert max_difference(first["weights"], second["weights"]) == 0.0
+    for tag in ("train/loss", "val/loss", "val/acc"):
+        assert first["scalars"][tag] == second["scalars"][tag]
+    reseeded = train("ConvNet", 2, 50, *extra, "--seed_everything", "7")
+    assert max_difference(first["weights"], reseeded["weights"]) > 100 * TOLERANCE
