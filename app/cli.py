@@ -10,10 +10,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from app.callbacks import GlobalBatchInfo
-from app.logger import TensorBoardLogger
+from app.dashboard import Dashboard
+from app.logger import LogConfigCallback, TensorBoardLogger
 from app.quiet import silence_noise
 from datamodules import DataError, MNISTDataModule
 from models import ImageClassifier
@@ -90,6 +91,7 @@ class TrainCLI(LightningCLI):
             trainer_defaults=TRAINER_DEFAULTS,
             seed_everything_default=42,
             auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
+            save_config_callback=LogConfigCallback,
             # Each run logs into a new version folder; overwriting only matters when a user pins the version.
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"exit_on_error": False, "description": DESCRIPTION, "formatter_class": HelpFormatter},
@@ -105,6 +107,7 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
         parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.add_lightning_class_args(Dashboard, "dashboard")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse; with `--ckpt_path FILE` the data settings saved in the checkpoint become the defaults.
@@ -170,11 +173,30 @@ class TrainCLI(LightningCLI):
         self._check_data("predict")
 
     def after_fit(self) -> None:
-        if not self.test_after_fit:
-            return
         checkpoint = self.trainer.checkpoint_callback  # the first one: best by val/acc
         best = checkpoint.best_model_path if checkpoint is not None else ""
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+        metrics = dict(self.trainer.callback_metrics)  # the last validation's; test() replaces them
+        if self.test_after_fit:
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            metrics.update(self.trainer.callback_metrics)
+        self._print_summary(metrics, best)
+
+    def after_validate(self) -> None:
+        self._print_summary(self.trainer.callback_metrics)
+
+    def after_test(self) -> None:
+        self._print_summary(self.trainer.callback_metrics)
+
+    def _print_summary(self, metrics: dict, best_checkpoint: str = "") -> None:
+        """Rank 0 closes the run with its figures and where to find its checkpoint and logs."""
+        names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
+        lines = ["Finished: " + "  ".join(f"{name} {metrics[name].item():.4f}" for name in names)]
+        if best_checkpoint:
+            lines.append(f"Best checkpoint: {best_checkpoint}")
+        if self.trainer.loggers:
+            lines.append(f"Logs: {self.trainer.log_dir}")
+            lines.append(f"Dashboard: tensorboard --logdir {self.trainer.logger.save_dir}")
+        rank_zero_info("\n".join(lines))
 
 
 def one_line(error: BaseException) -> str:

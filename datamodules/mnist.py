@@ -82,6 +82,11 @@ class MNISTDataModule(LightningDataModule):
         return Path(self.hparams.data_dir) / self.dataset_class.__name__ / "raw"
 
     @property
+    def class_names(self) -> list[str]:
+        """Label k's name: "0".."9" for MNIST, "T-shirt/top", "Trouser", ... for FashionMNIST."""
+        return [name.split(" - ")[0] for name in self.dataset_class.classes]
+
+    @property
     def file_names(self) -> list[str]:
         """The four uncompressed IDX files torchvision expects in `raw_folder`."""
         return [name.removesuffix(".gz") for name, _md5 in self.dataset_class.resources]
@@ -178,7 +183,13 @@ class MNISTDataModule(LightningDataModule):
         )
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        """Turn the uint8 images (N, 28, 28) into normalised float images (N, 1, 28, 28), on the device."""
+        """Turn the uint8 images (N, 28, 28) into normalised float images (N, 1, 28, 28), on the device.
+
+        Lightning also passes the model's `example_input_array` (a float tensor, already a model input) through
+        this hook when it summarises the model; that goes through unchanged.
+        """
+        if isinstance(batch, Tensor):
+            return batch
         images, targets = batch
         images = (images.unsqueeze(1).float() / 255 - self.mean) / self.std
         return images, targets

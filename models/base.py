@@ -6,7 +6,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 NUM_CLASSES = 10
 
@@ -43,6 +43,11 @@ class ImageClassifier(LightningModule):
         self.test_acc = MulticlassAccuracy(NUM_CLASSES, average="micro")
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
+        self.val_confusion = MulticlassConfusionMatrix(NUM_CLASSES)
+        self.test_confusion = MulticlassConfusionMatrix(NUM_CLASSES)
+        # The last epoch's confusion matrix of each stage (rows: true class), summed over ranks, for the dashboard.
+        self.confusion_matrices: dict[str, Tensor] = {}
+        self.example_input_array = torch.zeros(1, 1, 28, 28)  # model summary sizes and the TensorBoard graph
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)
@@ -58,19 +63,42 @@ class ImageClassifier(LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_loss, self.val_acc)
+        self._evaluate(batch, "val", self.val_loss, self.val_acc, self.val_confusion)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_loss, self.test_acc)
+        self._evaluate(batch, "test", self.test_loss, self.test_acc, self.test_confusion)
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, loss: MeanMetric, acc: MulticlassAccuracy) -> None:
+    def _evaluate(
+        self,
+        batch: tuple[Tensor, Tensor],
+        stage: str,
+        loss: MeanMetric,
+        acc: MulticlassAccuracy,
+        confusion: MulticlassConfusionMatrix,
+    ) -> None:
         images, targets = batch
         logits = self(images)
         loss.update(F.cross_entropy(logits, targets), weight=len(targets))
         acc.update(logits, targets)
+        confusion.update(logits, targets)
         # Logging the metric objects: Lightning calls compute() (synced across ranks) at epoch end, then resets.
         self.log(f"{stage}/loss", loss, prog_bar=True)
         self.log(f"{stage}/acc", acc, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        matrix = self._keep_confusion_matrix("val", self.val_confusion)
+        per_class = matrix.diag() / matrix.sum(dim=1).clamp(min=1)
+        self.log_dict({f"val/acc_class_{k}": accuracy for k, accuracy in enumerate(per_class)})
+
+    def on_test_epoch_end(self) -> None:
+        self._keep_confusion_matrix("test", self.test_confusion)
+
+    def _keep_confusion_matrix(self, stage: str, confusion: MulticlassConfusionMatrix) -> Tensor:
+        """Every rank runs this: compute() sums the counts of all ranks."""
+        matrix = confusion.compute()
+        confusion.reset()
+        self.confusion_matrices[stage] = matrix.cpu()
+        return matrix
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, _targets = batch

@@ -82,7 +82,7 @@ def test_hparams_tab_names_real_metrics_not_the_placeholder(fit_run):
                 metric_tags |= {info.name.tag for info in data.experiment.metric_infos}
                 hparams |= set(data.session_start_info.hparams)
     assert metric_tags == set(HPARAMS_METRICS)
-    assert {"dataset", "batch_size", "val_size", "optimizer/class_path", "optimizer/init_args/lr"} <= hparams
+    assert {"data/dataset", "data/batch_size", "model/class_path", "model/optimizer/lr", "trainer/devices"} <= hparams
     assert "hp_metric" not in scalars(run_dir(root))
 
 

@@ -1,0 +1,102 @@
+"""What the TensorBoard dashboard shows besides the metrics the model logs: speed, samples, confusion, graph."""
+
+import math
+import time
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+from matplotlib.figure import Figure
+
+from datamodules import MNISTDataModule
+from models import ImageClassifier
+
+SAMPLE_POOL = 512  # validation images searched for mistakes to show
+
+
+class Dashboard(Callback):
+    """Speed scalars, a grid of validation samples, confusion matrices and the model graph, written by rank 0.
+
+    Args:
+        images_every_n_epochs: Draw the sample grid and the confusion matrix every this many validation epochs
+            (0: never). The test confusion matrix is drawn whenever a test runs.
+        num_images: Validation samples in the grid, with predicted and true labels, misclassified ones first.
+        log_graph: Write the model graph (traced from the model's `example_input_array`) when fitting starts.
+
+    Speed is measured on rank 0 by the wall clock over each logging interval (`--trainer.log_every_n_steps`), with
+    no device synchronisation: `perf/samples_per_s` counts the samples of all ranks, `perf/step_ms` is the mean
+    time of one training step. Both also show in the progress bar.
+    """
+
+    def __init__(self, images_every_n_epochs: int = 1, num_images: int = 32, log_graph: bool = False) -> None:
+        self.images_every_n_epochs = images_every_n_epochs
+        self.num_images = num_images
+        self.log_graph = log_graph
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.log_graph and trainer.is_global_zero:
+            example = pl_module.example_input_array.to(pl_module.device)
+            for writer in _tensorboard_writers(trainer):
+                writer.add_graph(pl_module, example)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._interval_start, self._interval_steps = time.perf_counter(), 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self._interval_steps += 1
+        if trainer.global_step % trainer.log_every_n_steps != 0 or not trainer.is_global_zero:
+            return
+        seconds = time.perf_counter() - self._interval_start
+        samples = self._interval_steps * len(batch[0]) * trainer.world_size
+        speed = {"perf/samples_per_s": samples / seconds, "perf/step_ms": 1000 * seconds / self._interval_steps}
+        pl_module.log_dict(speed, prog_bar=True, rank_zero_only=True)
+        self._interval_start, self._interval_steps = time.perf_counter(), 0
+
+    def on_validation_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
+        due = self.images_every_n_epochs > 0 and (trainer.current_epoch + 1) % self.images_every_n_epochs == 0
+        if trainer.sanity_checking or not due or not trainer.is_global_zero:
+            return
+        for writer in _tensorboard_writers(trainer):
+            writer.add_figure("val/samples", self._samples_figure(trainer.datamodule, pl_module), trainer.global_step)
+            self._add_confusion(writer, trainer, pl_module, "val")
+
+    def on_test_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
+        if trainer.is_global_zero:
+            for writer in _tensorboard_writers(trainer):
+                self._add_confusion(writer, trainer, pl_module, "test")
+
+    def _add_confusion(self, writer, trainer: Trainer, pl_module: ImageClassifier, stage: str) -> None:
+        confusion = pl_module.val_confusion if stage == "val" else pl_module.test_confusion
+        figure, _axes = confusion.plot(val=pl_module.confusion_matrices[stage], labels=trainer.datamodule.class_names)
+        figure.set_size_inches(8, 8)
+        writer.add_figure(f"{stage}/confusion_matrix", figure, trainer.global_step)
+
+    @torch.no_grad()
+    def _samples_figure(self, datamodule: MNISTDataModule, pl_module: LightningModule) -> Figure:
+        """The first validation images, predicted by the model as it is now; mistakes first, titled in red."""
+        images, targets = datamodule.val_set[:SAMPLE_POOL]
+        inputs, _ = datamodule.on_after_batch_transfer((images.to(pl_module.device), targets), 0)
+        was_training = pl_module.training
+        pl_module.eval()
+        predictions = pl_module(inputs).argmax(dim=1).cpu()
+        pl_module.train(was_training)
+        shown = torch.argsort((predictions == targets).int(), stable=True)[: self.num_images]
+
+        names = datamodule.class_names
+        columns = 8
+        figure = Figure(figsize=(2 * columns, 2.3 * math.ceil(len(shown) / columns)))
+        for position, index in enumerate(shown.tolist(), start=1):
+            axes = figure.add_subplot(math.ceil(len(shown) / columns), columns, position)
+            axes.imshow(images[index].numpy(), cmap="gray")
+            axes.set_axis_off()
+            predicted, true = names[predictions[index]], names[targets[index]]
+            if predicted == true:
+                axes.set_title(predicted, fontsize=10)
+            else:
+                axes.set_title(f"{predicted} (true {true})", fontsize=10, color="red")
+        figure.tight_layout()
+        return figure
+
+
+def _tensorboard_writers(trainer: Trainer) -> list:
+    return [logger.experiment for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]

@@ -1,0 +1,116 @@
+"""A real TensorBoard server, started on loopback, serves what a user looks for in a run of train.py."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.logger import HPARAMS_METRICS
+from tests.helpers import run_train
+
+RUN = "ConvNet-mnist/version_0"
+STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
+
+
+@pytest.fixture(scope="module")
+def log_root(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    result = run_train(
+        *("--model", "ConvNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),
+        *("--data.val_size", "200", "--data.batch_size", "50", "--trainer.max_epochs", "2"),
+        *("--devices", "2", "--trainer.accelerator", "cpu", "--trainer.log_every_n_steps", "2"),
+        *("--dashboard.log_graph", "true", "--trainer.default_root_dir", str(root)),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"tensorboard --logdir {root}" in result.stderr + result.stdout
+    return root
+
+
+@pytest.fixture(scope="module")
+def tensorboard(log_root: Path):
+    """The base URL of `tensorboard --logdir <runs> --host 127.0.0.1 --port <free port>`, stopped afterwards."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(log_root), "--host", "127.0.0.1"]
+    server = subprocess.Popen([*command, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while RUN not in _get_or_none(f"{url}/data/runs"):
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "TensorBoard did not list the run within 60 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _get_or_none(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+    except OSError:
+        return ""
+
+
+def get(url: str, body: dict | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_server_lists_one_run_per_training_run(tensorboard):
+    assert get(f"{tensorboard}/data/runs") == [RUN]
+
+
+def test_scalars_answer_is_it_learning_and_how_fast(tensorboard):
+    tags = set(get(f"{tensorboard}/data/plugin/scalars/tags")[RUN])
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "epoch", "lr-Adam"} <= tags
+    assert {"perf/samples_per_s", "perf/step_ms"} <= tags
+    assert {f"val/acc_class_{k}" for k in range(10)} <= tags
+    points = get(f"{tensorboard}/data/plugin/scalars/scalars?run={RUN}&tag=perf/samples_per_s")
+    assert points and all(value > 0 for _wall_time, _step, value in points)
+
+
+def test_images_show_samples_and_confusion_matrices(tensorboard):
+    tags = get(f"{tensorboard}/data/plugin/images/tags")[RUN]
+    assert tags["val/samples"]["samples"] == 1
+    assert {"val/samples", "val/confusion_matrix", "test/confusion_matrix"} <= set(tags)
+    (image,) = get(f"{tensorboard}/data/plugin/images/images?run={RUN}&tag=val/confusion_matrix")[-1:]
+    png = urllib.request.urlopen(
+        f"{tensorboard}/data/plugin/images/individualImage?{image['query']}", timeout=30
+    ).read()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_hparams_compare_runs_by_their_real_accuracy(tensorboard):
+    experiment = get(f"{tensorboard}/data/plugin/hparams/experiment", {"experimentName": ""})
+    names = {info["name"] for info in experiment["hparamInfos"]}
+    assert {"model/class_path", "model/optimizer/lr", "data/dataset", "data/batch_size"} <= names
+    assert {"trainer/max_epochs", "trainer/devices", "trainer/strategy", "seed_everything"} <= names
+    assert {info["name"]["tag"] for info in experiment["metricInfos"]} == set(HPARAMS_METRICS)
+    groups = get(
+        f"{tensorboard}/data/plugin/hparams/session_groups",
+        {"experimentName": "", "startIndex": 0, "sliceSize": 10, "colParams": [], "allowedStatuses": STATUSES},
+    )["sessionGroups"]
+    (group,) = groups
+    assert group["hparams"]["model/class_path"] == "models.ConvNet"
+    assert group["hparams"]["data/batch_size"] == 50
+    metrics = {value["name"]["tag"]: value["value"] for value in group["metricValues"]}
+    assert 0.85 <= metrics["test/acc"] < 1 and 0 < metrics["val/acc"] <= 1
+
+
+def test_graph_is_there_when_asked_for(tensorboard):
+    assert get(f"{tensorboard}/data/plugin/graphs/info")[RUN]["run_graph"] is True
