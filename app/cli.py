@@ -211,3 +211,16 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as error:
         rank = rank_zero_only.rank
         sys.exit(f"error: {one_line(error)}" if rank == 0 else f"error (rank {rank}): {one_line(error)}")
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy the process group while Python is still fully alive.
+
+    Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
+    collectives, whose tensors get freed during interpreter shutdown: the process aborts (SIGABRT, "terminate called
+    without an active exception") after a run that finished well, and its exit status says it failed.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -15,7 +15,7 @@ SAMPLE_POOL = 512  # validation images searched for mistakes to show
 
 
 class Dashboard(Callback):
-    """Speed scalars, a grid of validation samples, confusion matrices and the model graph, written by rank 0.
+    """Speed and per-class accuracy scalars, validation samples, confusion matrices and the graph, by rank 0.
 
     Args:
         images_every_n_epochs: Draw the sample grid and the confusion matrix every this many validation epochs
@@ -53,12 +53,18 @@ class Dashboard(Callback):
         self._interval_start, self._interval_steps = time.perf_counter(), 0
 
     def on_validation_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
-        due = self.images_every_n_epochs > 0 and (trainer.current_epoch + 1) % self.images_every_n_epochs == 0
-        if trainer.sanity_checking or not due or not trainer.is_global_zero:
+        if trainer.sanity_checking or not trainer.is_global_zero:
             return
+        matrix = pl_module.confusion_matrices["val"]  # summed over all ranks by the model
+        per_class = matrix.diag() / matrix.sum(dim=1).clamp(min=1)
+        due = self.images_every_n_epochs > 0 and (trainer.current_epoch + 1) % self.images_every_n_epochs == 0
         for writer in _tensorboard_writers(trainer):
-            writer.add_figure("val/samples", self._samples_figure(trainer.datamodule, pl_module), trainer.global_step)
-            self._add_confusion(writer, trainer, pl_module, "val")
+            for label, accuracy in enumerate(per_class.tolist()):
+                writer.add_scalar(f"val/acc_class_{label}", accuracy, trainer.global_step)
+            if due:
+                figure = self._samples_figure(trainer.datamodule, pl_module)
+                writer.add_figure("val/samples", figure, trainer.global_step)
+                self._add_confusion(writer, trainer, pl_module, "val")
 
     def on_test_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
         if trainer.is_global_zero:
@@ -68,7 +74,7 @@ class Dashboard(Callback):
     def _add_confusion(self, writer, trainer: Trainer, pl_module: ImageClassifier, stage: str) -> None:
         confusion = pl_module.val_confusion if stage == "val" else pl_module.test_confusion
         figure, _axes = confusion.plot(val=pl_module.confusion_matrices[stage], labels=trainer.datamodule.class_names)
-        figure.set_size_inches(8, 8)
+        figure.set_size_inches(7, 7)
         writer.add_figure(f"{stage}/confusion_matrix", figure, trainer.global_step)
 
     @torch.no_grad()
@@ -84,16 +90,16 @@ class Dashboard(Callback):
 
         names = datamodule.class_names
         columns = 8
-        figure = Figure(figsize=(2 * columns, 2.3 * math.ceil(len(shown) / columns)))
+        figure = Figure(figsize=(1.4 * columns, 1.6 * math.ceil(len(shown) / columns)))
         for position, index in enumerate(shown.tolist(), start=1):
             axes = figure.add_subplot(math.ceil(len(shown) / columns), columns, position)
             axes.imshow(images[index].numpy(), cmap="gray")
             axes.set_axis_off()
             predicted, true = names[predictions[index]], names[targets[index]]
             if predicted == true:
-                axes.set_title(predicted, fontsize=10)
+                axes.set_title(predicted, fontsize=9)
             else:
-                axes.set_title(f"{predicted} (true {true})", fontsize=10, color="red")
+                axes.set_title(f"{predicted} (true {true})", fontsize=9, color="red")
         figure.tight_layout()
         return figure
 

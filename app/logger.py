@@ -12,6 +12,7 @@ from torch.utils.tensorboard.summary import hparams
 from typing_extensions import override
 
 HPARAMS_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")
+HPARAMS_SECTIONS = ("model", "data", "trainer", "seed_everything")  # of the CLI config; callbacks' stay in config.yaml
 
 
 class TensorBoardLogger(LightningTensorBoardLogger):
@@ -54,13 +55,21 @@ def _plain(value: Any) -> Any:
 class LogConfigCallback(SaveConfigCallback):
     """Save the run's `config.yaml` (LightningCLI's default) and log the same settings as hyperparameters.
 
-    So the HPARAMS tab holds every model, data and trainer setting of the run, not only the constructor arguments
-    of the model and the datamodule. Lightning calls `save_config` on rank 0 only, before the Trainer logs the
-    hyperparameters itself.
+    So the HPARAMS tab holds every model, data and trainer setting of the run (`HPARAMS_SECTIONS`), not only the
+    constructor arguments of the model and the datamodule. Lightning calls `save_config` on rank 0 only, before the
+    Trainer logs the hyperparameters itself.
     """
 
     @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        settings = {key: value for key, value in self.config.as_dict().items() if key != "config"}
+        config = self.config.as_dict()
+        settings = {section: _without_unset(config[section]) for section in HPARAMS_SECTIONS if section in config}
         for logger in trainer.loggers:
             logger.log_hyperparams(settings)
+
+
+def _without_unset(settings: Any) -> Any:
+    """Drop options left at None (unset: Lightning picks its default), which would only crowd the table."""
+    if not isinstance(settings, dict):
+        return settings
+    return {key: _without_unset(value) for key, value in settings.items() if value is not None}

@@ -86,19 +86,15 @@ class ImageClassifier(LightningModule):
         self.log(f"{stage}/acc", acc, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        matrix = self._keep_confusion_matrix("val", self.val_confusion)
-        per_class = matrix.diag() / matrix.sum(dim=1).clamp(min=1)
-        self.log_dict({f"val/acc_class_{k}": accuracy for k, accuracy in enumerate(per_class)})
+        self._keep_confusion_matrix("val", self.val_confusion)
 
     def on_test_epoch_end(self) -> None:
         self._keep_confusion_matrix("test", self.test_confusion)
 
-    def _keep_confusion_matrix(self, stage: str, confusion: MulticlassConfusionMatrix) -> Tensor:
+    def _keep_confusion_matrix(self, stage: str, confusion: MulticlassConfusionMatrix) -> None:
         """Every rank runs this: compute() sums the counts of all ranks."""
-        matrix = confusion.compute()
+        self.confusion_matrices[stage] = confusion.compute().cpu()
         confusion.reset()
-        self.confusion_matrices[stage] = matrix.cpu()
-        return matrix
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, _targets = batch

@@ -147,3 +147,13 @@ def test_a_second_run_into_the_same_folder_gets_its_own_version(data_dir, tmp_pa
     versions = sorted(p.name for p in (tmp_path / "SeqNet-fashion_mnist").iterdir())
     assert versions == ["version_0", "version_1"]
     assert all((tmp_path / "SeqNet-fashion_mnist" / v / "config.yaml").is_file() for v in versions)
+
+
+def test_help_says_what_the_program_does_with_examples(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code in (None, 0)
+    help_text = capsys.readouterr().out
+    assert "Train SeqNet or ConvNet on MNIST or FashionMNIST" in help_text
+    assert help_text.count("  python train.py ") >= 2  # the examples
+    assert "fit,validate,test,predict" in help_text.replace(" ", "")

@@ -34,6 +34,7 @@ def fit_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         "--trainer.callbacks+=tests.helpers.RecordTrainSamples",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "terminate called" not in result.stderr  # no rank aborted at exit
     return root, result
 
 
