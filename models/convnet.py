@@ -1,7 +1,5 @@
 """ConvNet: the small CNN of the tutorial, two conv blocks with BatchNorm and a two-layer head."""
 
-import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from models.base import NUM_CLASSES, ImageClassifier
@@ -24,13 +22,8 @@ class ConvNet(ImageClassifier):
     `--trainer.sync_batchnorm true` makes them use the statistics of the global batch instead.
     """
 
-    def __init__(
-        self,
-        optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=0.01),
-        lr_scheduler: LRSchedulerCallable | None = None,
-        one_cycle: bool = True,
-    ) -> None:
-        super().__init__(optimizer, lr_scheduler, one_cycle)
+    def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle: see ImageClassifier
+        super().__init__(**kwargs)
         self.net = nn.Sequential(
             conv_block(1, 32),
             conv_block(32, 64),

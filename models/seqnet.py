@@ -1,7 +1,5 @@
 """SeqNet: the multilayer perceptron of the DDP tutorial, 784 -> 200 -> 200 -> 10 with sigmoid activations."""
 
-import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from models.base import NUM_CLASSES, ImageClassifier
@@ -15,13 +13,8 @@ class SeqNet(ImageClassifier):
     hidden layers end in a sigmoid as intended, and the datamodule normalises the images once.
     """
 
-    def __init__(
-        self,
-        optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=0.01),
-        lr_scheduler: LRSchedulerCallable | None = None,
-        one_cycle: bool = True,
-    ) -> None:
-        super().__init__(optimizer, lr_scheduler, one_cycle)
+    def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle: see ImageClassifier
+        super().__init__(**kwargs)
         self.net = nn.Sequential(
             nn.Flatten(),
             nn.Linear(28 * 28, 200),

@@ -1,0 +1,268 @@
+"""Training throughput of three data-parallel paths, side by side, on the same model, data and number of steps.
+
+1. lightning: this project's model and datamodule under `Trainer(strategy="ddp")`, as train.py runs them
+   (no logger, checkpoints or progress bar: the bare training loop).
+2. plain: a hand-written PyTorch DDP loop, the reference Lightning itself checks parity against: same network,
+   same uint8 batches normalised on the device, `DistributedDataParallel`, `DistributedSampler`, Adam.
+3. tutorial: the plain loop fed the tutorials' way: torchvision's MNIST with `ToTensor()` and `Normalize()` per
+   sample (a PIL image per sample) through a `DataLoader` with a `DistributedSampler`.
+
+Each (path, processes) pair runs as its own `torchrun` job; pairs are interleaved round by round so that machine
+noise hits all paths alike, and the median over rounds is reported. Steady state only: the first `--warmup` steps
+are not timed, nor is process start or data loading.
+
+    python benchmarks/ddp_paths.py --data-dir ../shared/datasets --model SeqNet --devices 1 2
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PATHS = ("lightning", "plain", "tutorial")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
+    parser.add_argument("--model", default="SeqNet", choices=["SeqNet", "ConvNet"])
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2], help="processes per job")
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--steps", type=int, default=200, help="timed optimizer steps")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run_worker(args)
+    else:
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Run every (path, devices) job `rounds` times, interleaved, and print the table of medians."""
+    results: dict[tuple[str, int], list[dict]] = {}
+    for round_index in range(args.rounds):
+        for devices in args.devices:
+            for path in args.paths:
+                results.setdefault((path, devices), []).append(run_job(args, path, devices))
+                print(f"round {round_index + 1}: {path} x{devices} done", file=sys.stderr)
+    print_table(args, results)
+
+
+def run_job(args: argparse.Namespace, path: str, devices: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}"),
+            *(__file__, "--worker", path, "--out", out, "--data-dir", args.data_dir, "--model", args.model),
+            *("--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup)),
+        ]
+        subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, timeout=1800)
+        ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+    seconds = max(rank["seconds"] for rank in ranks)
+    samples = args.steps * args.batch_size * devices
+    return {
+        "samples_per_s": samples / seconds,
+        "samples_per_s_per_rank": samples / seconds / devices,
+        "ms_per_step": 1000 * seconds / args.steps,
+        "peak_mib_per_rank": max(rank["peak_mib"] for rank in ranks),
+        "device": ranks[0]["device"],
+    }
+
+
+def print_table(args: argparse.Namespace, results: dict[tuple[str, int], list[dict]]) -> None:
+    from datamodules import MNISTDataModule
+
+    train_size = 60_000 - MNISTDataModule().hparams.val_size
+    print(
+        f"\n{args.model}, batch {args.batch_size} per process, {args.steps} timed steps after {args.warmup}, "
+        f"median of {args.rounds} rounds, device: {next(iter(results.values()))[0]['device']}"
+    )
+    print(
+        "| path | processes | samples/s (total) | samples/s per rank | ms/step | epoch s (est.) | peak MiB/rank "
+        "| vs plain | vs tutorial |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for devices in args.devices:
+        median = {
+            path: {
+                key: statistics.median(r[key] for r in results[(path, devices)])
+                for key in results[(path, devices)][0]
+                if key != "device"
+            }
+            for path in args.paths
+        }
+        for path in args.paths:
+            m = median[path]
+            epoch = train_size / (args.batch_size * devices) * m["ms_per_step"] / 1000
+            vs = [
+                f"{m['samples_per_s'] / median[ref]['samples_per_s']:.2f}" if ref in median else "-"
+                for ref in ("plain", "tutorial")
+            ]
+            print(
+                f"| {path} | {devices} | {m['samples_per_s']:,.0f} | {m['samples_per_s_per_rank']:,.0f} | "
+                f"{m['ms_per_step']:.2f} | {epoch:.1f} | {m['peak_mib_per_rank']:.0f} | {vs[0]} | {vs[1]} |"
+            )
+
+
+# ---------------------------------------------------------------- inside each torchrun process
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.worker == "lightning":
+        seconds, device = lightning_loop(args)
+    else:
+        seconds, device = plain_loop(args)
+    rank = int(os.environ["RANK"])
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else _peak_rss_mib()
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps({"seconds": seconds, "peak_mib": peak, "device": device}))
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _device_name(torch_device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else "cpu"
+
+
+def _model(name: str):
+    import torch
+
+    from models import ConvNet, SeqNet
+
+    model_class = {"SeqNet": SeqNet, "ConvNet": ConvNet}[name]
+    return model_class(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), one_cycle=False)
+
+
+class StepTimer:
+    """Times steps warmup+1 .. warmup+steps on the wall clock, synchronising the device only at the two ends."""
+
+    def __init__(self, warmup: int, device) -> None:
+        self.warmup, self.device, self.steps, self.start = warmup, device, 0, None
+
+    def step_done(self) -> None:
+        self.steps += 1
+        if self.steps == self.warmup:
+            self._sync()
+            self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        self._sync()
+        return time.perf_counter() - self.start
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
+    from lightning.pytorch import Callback, Trainer
+
+    from app.cli import close_process_group
+    from datamodules import MNISTDataModule
+
+    class TimeSteps(Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.timer = StepTimer(args.warmup, pl_module.device)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.timer.step_done()
+
+    timing = TimeSteps()
+    trainer = Trainer(
+        strategy="ddp",
+        accelerator="auto",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        max_steps=args.warmup + args.steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timing],
+    )
+    datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+    trainer.fit(_model(args.model), datamodule=datamodule)
+    seconds = timing.timer.seconds()
+    close_process_group()  # as train.py does: see app/cli.py
+    return seconds, _device_name(trainer.strategy.root_device)
+
+
+def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from datamodules import MNISTDataModule
+    from datamodules.mnist import already_batched
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, os.cpu_count() // int(os.environ["LOCAL_WORLD_SIZE"])))  # as Lightning does
+        dist.init_process_group("gloo")
+    torch.manual_seed(42)
+
+    datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+    datamodule.setup("fit")
+    if args.worker == "plain":
+        dataset, collate, normalise = datamodule.train_set, already_batched, True
+    else:
+        from torchvision import datasets, transforms
+
+        to_tensor = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+        dataset = datasets.MNIST(args.data_dir, train=True, transform=to_tensor)
+        collate, normalise = None, False
+    sampler = DistributedSampler(dataset, shuffle=True, seed=42)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
+
+    module = _model(args.model)
+    model = DistributedDataParallel(module.net.to(device), device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    timer = StepTimer(args.warmup, device)
+    epoch = 0
+    while timer.steps < args.warmup + args.steps:
+        sampler.set_epoch(epoch)
+        for images, targets in loader:
+            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            if normalise:
+                images, targets = datamodule.on_after_batch_transfer((images, targets), 0)
+            loss = F.cross_entropy(model(images), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            timer.step_done()
+            if timer.steps == args.warmup + args.steps:
+                break
+        epoch += 1
+    seconds = timer.seconds()
+    dist.destroy_process_group()
+    return seconds, _device_name(device)
+
+
+if __name__ == "__main__":
+    main()
