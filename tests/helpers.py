@@ -26,14 +26,26 @@ class Run:
 
 
 def run_train(*args: str, timeout: float = 240) -> Run:
-    """Run `python train.py ARGS` from the repository root and wait for it, at most `timeout` seconds.
+    """Run `python train.py ARGS` from the repository root and wait for it, at most `timeout` seconds."""
+    return run_command([sys.executable, "train.py", *args], timeout)
 
-    The program runs in a process group of its own, which is killed at the end whatever happened: a timeout or a
-    crash leaves no rank of the DDP job behind.
+
+def run_local_cluster(nodes: int, devices: int, *args: str, launcher: str = "lightning", timeout: float = 300) -> Run:
+    """Run `scripts/local_cluster.sh NODES DEVICES -- ARGS`: several "nodes" of train.py on this machine."""
+    command = ["scripts/local_cluster.sh", str(nodes), str(devices), "--", *args]
+    return run_command(command, timeout, {"LAUNCHER": launcher, "PYTHON": sys.executable})
+
+
+def run_command(command: list[str], timeout: float, env: dict[str, str] | None = None) -> Run:
+    """Run a command from the repository root and wait for it, at most `timeout` seconds.
+
+    The command runs in a session of its own, and every process of that session is killed at the end whatever
+    happened: a timeout or a crash leaves no rank of a DDP job behind. (local_cluster.sh puts each node in a
+    session of its own and ends them itself.)
     """
-    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(
-        [sys.executable, "train.py", *args],
+        command,
         cwd=REPO,
         env=env,
         text=True,
@@ -81,3 +93,14 @@ class RecordTrainSamples(Callback):
         folder.mkdir(exist_ok=True)
         name = f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.json"
         (folder / name).write_text(json.dumps(self.seen))
+
+
+class FailOnRank(Callback):
+    """Test instrument: the process of global rank `rank` raises when training starts."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == self.rank:
+            raise RuntimeError(f"planned failure on rank {self.rank}")

@@ -1,0 +1,66 @@
+"""Several "nodes" of train.py on this machine (scripts/local_cluster.sh): 2 nodes x 2 devices, CPU, gloo."""
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRAIN_SIZE
+from tests.helpers import REPO, run_local_cluster, scalars
+
+VAL_SIZE = 200
+
+
+def common(data_dir: Path, root: Path) -> tuple[str, ...]:
+    return (
+        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),
+        *("--data.val_size", str(VAL_SIZE), "--data.batch_size", "50", "--trainer.max_epochs", "1"),
+        *("--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false"),
+    )
+
+
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_two_nodes_of_two_devices_train_as_one_job(data_dir, tmp_path, launcher):
+    result = run_local_cluster(
+        2, 2, *common(data_dir, tmp_path), "--trainer.callbacks+=tests.helpers.RecordTrainSamples", launcher=launcher
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "terminate called" not in output
+
+    ranks = sorted(re.findall(r"GLOBAL_RANK: (\d), MEMBER: \d/(\d)", output))
+    assert ranks == [("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")]
+    assert output.count("Global batch 200 = 50 per device x 4 processes") == 1
+
+    shards = [json.loads((tmp_path / "samples" / f"rank{rank}_epoch0.json").read_text()) for rank in range(4)]
+    train_size = TRAIN_SIZE - VAL_SIZE
+    assert [len(shard) for shard in shards] == [train_size // 4] * 4
+    assert sorted(sum(shards, [])) == list(range(train_size))
+
+    (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()  # global rank 0 alone made a run folder
+    writer_pids = {re.search(r"\.(\d+)\.\d+$", p.name).group(1) for p in run_dir.glob("events.out.tfevents.*")}
+    assert len(writer_pids) == 1
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "last.ckpt"
+    assert len(scalars(run_dir)["test/acc"]) == 1
+    assert output.count("Finished: test/acc") == 1  # reported once, by global rank 0
+
+
+def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
+    marker = str(tmp_path)  # in every process's command line, to look for leftovers
+    started = time.monotonic()
+    result = run_local_cluster(
+        2,
+        2,
+        *common(data_dir, tmp_path),
+        "--trainer.callbacks+=tests.helpers.FailOnRank",
+        "--trainer.callbacks.rank",
+        "3",
+    )
+    assert result.returncode != 0
+    assert time.monotonic() - started < 90
+    assert "planned failure on rank 3" in result.stderr
+    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, cwd=REPO).stdout
+    assert leftovers == ""
