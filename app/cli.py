@@ -159,17 +159,34 @@ class TrainCLI(LightningCLI):
                 " leave it off (each process then normalises with its own batch statistics)."
             )
 
+    def _check_launcher(self) -> None:
+        """Stop in one line when the launcher started other processes than --devices x --num_nodes asks for.
+
+        Lightning checks this too, but only after the launch and with a traceback from every process.
+        """
+        environment = getattr(self.trainer.strategy, "cluster_environment", None)
+        if environment is None:
+            return
+        try:
+            environment.validate_settings(num_devices=self.trainer.num_devices, num_nodes=self.trainer.num_nodes)
+        except ValueError as error:
+            raise MisconfigurationException(f"{error} Make --devices and --num_nodes match the launcher.") from error
+
     def before_fit(self) -> None:
+        self._check_launcher()
         self._check_sync_batchnorm()
         self._check_data("fit", "test") if self.test_after_fit else self._check_data("fit")
 
     def before_validate(self) -> None:
+        self._check_launcher()
         self._check_data("validate")
 
     def before_test(self) -> None:
+        self._check_launcher()
         self._check_data("test")
 
     def before_predict(self) -> None:
+        self._check_launcher()
         self._check_data("predict")
 
     def after_fit(self) -> None:

@@ -3,13 +3,14 @@
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TRAIN_SIZE
-from tests.helpers import REPO, run_local_cluster, scalars
+from tests.helpers import REPO, run_command, run_local_cluster, scalars
 
 VAL_SIZE = 200
 
@@ -64,3 +65,12 @@ def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
     assert "planned failure on rank 3" in result.stderr
     leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, cwd=REPO).stdout
     assert leftovers == ""
+
+
+def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    result = run_command([*torchrun, "train.py", *common(data_dir, tmp_path), "--devices", "3"], timeout=120)
+    assert result.returncode != 0
+    assert "error: You set `devices=3` and `num_nodes=1`" in result.stderr
+    assert "Make --devices and --num_nodes match the launcher." in result.stderr
+    assert "ValueError" not in result.stderr  # no traceback of ours; torchrun adds its own failure report
