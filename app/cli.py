@@ -172,22 +172,22 @@ class TrainCLI(LightningCLI):
         except ValueError as error:
             raise MisconfigurationException(f"{error} Make --devices and --num_nodes match the launcher.") from error
 
-    def before_fit(self) -> None:
+    def _check_before_launch(self, *stages: str) -> None:
         self._check_launcher()
+        self._check_data(*stages)
+
+    def before_fit(self) -> None:
         self._check_sync_batchnorm()
-        self._check_data("fit", "test") if self.test_after_fit else self._check_data("fit")
+        self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
 
     def before_validate(self) -> None:
-        self._check_launcher()
-        self._check_data("validate")
+        self._check_before_launch("validate")
 
     def before_test(self) -> None:
-        self._check_launcher()
-        self._check_data("test")
+        self._check_before_launch("test")
 
     def before_predict(self) -> None:
-        self._check_launcher()
-        self._check_data("predict")
+        self._check_before_launch("predict")
 
     def after_fit(self) -> None:
         checkpoint = self.trainer.checkpoint_callback  # the first one: best by val/acc
