@@ -42,6 +42,13 @@ TRAINER_DEFAULTS = {
 
 # Mistakes in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (ArgumentError, DataError, MisconfigurationException, FileNotFoundError)
+# The processes could not meet: a port in use, an unreachable MASTER_ADDR, a node that never came.
+RENDEZVOUS_ERRORS = (torch.distributed.DistNetworkError, torch.distributed.DistStoreError)
+RENDEZVOUS_HINT = (
+    "Check that all --num_nodes nodes were started with the same MASTER_ADDR (an address of node 0 that every node"
+    " reaches) and MASTER_PORT (free on node 0), and distinct NODE_RANKs. --trainer.strategy DDPStrategy"
+    " --trainer.strategy.timeout H:MM:SS sets how long they wait for each other (default 30 minutes)."
+)
 
 
 def parse_command(argv: list[str]) -> tuple[list[str], bool]:
@@ -225,9 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     silence_noise()
     try:
         TrainCLI(args, test_after_fit)
-    except USER_ERRORS as error:
+    except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:
+        message = one_line(error) + (f" {RENDEZVOUS_HINT}" if isinstance(error, RENDEZVOUS_ERRORS) else "")
         rank = rank_zero_only.rank
-        sys.exit(f"error: {one_line(error)}" if rank == 0 else f"error (rank {rank}): {one_line(error)}")
+        sys.exit(f"error: {message}" if rank == 0 else f"error (rank {rank}): {message}")
     finally:
         close_process_group()
 

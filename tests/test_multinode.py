@@ -1,7 +1,9 @@
 """Several "nodes" of train.py on this machine (scripts/local_cluster.sh): 2 nodes x 2 devices, CPU, gloo."""
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -74,3 +76,48 @@ def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_p
     assert "error: You set `devices=3` and `num_nodes=1`" in result.stderr
     assert "Make --devices and --num_nodes match the launcher." in result.stderr
     assert "ValueError" not in result.stderr  # no traceback of ours; torchrun adds its own failure report
+
+
+def train_command(data_dir: Path, root: Path, *args: str) -> list[str]:
+    return [sys.executable, "train.py", *common(data_dir, root), "--trainer.accelerator", "cpu", *args]
+
+
+def test_a_port_in_use_ends_in_one_line_and_leaves_no_rank_behind(data_dir, tmp_path):
+    marker = str(tmp_path)
+    with socket.socket() as other_program:
+        other_program.bind(("127.0.0.1", 0))
+        other_program.listen()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(other_program.getsockname()[1])}
+        try:
+            # No process-group kill here: rank 1 must end by itself when rank 0, its launcher, fails.
+            result = subprocess.run(
+                train_command(data_dir, tmp_path, "--devices", "2"),
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            time.sleep(1)
+            leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        finally:
+            subprocess.run(["pkill", "-KILL", "-f", marker])
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: ") and "address already in use" in last_line and "MASTER_PORT" in last_line
+    assert leftovers == ""
+
+
+def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0"}
+    timeout = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:10")
+    started = time.monotonic()
+    result = run_command(train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *timeout), 120, env)
+    assert result.returncode == 1
+    assert 10 <= time.monotonic() - started < 60
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: ") and "1/2 clients joined" in last_line and "NODE_RANK" in last_line
