@@ -104,3 +104,14 @@ class FailOnRank(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank == self.rank:
             raise RuntimeError(f"planned failure on rank {self.rank}")
+
+
+class StopAfterEpoch(Callback):
+    """Test instrument: stops training after epoch `epoch`, as an interrupted run would have."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
