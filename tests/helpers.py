@@ -115,3 +115,12 @@ class StopAfterEpoch(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.epoch:
             trainer.should_stop = True
+
+
+class RecordPid(Callback):
+    """Test instrument: writes this rank's process id to `<default_root_dir>/pids/rank<global rank>`."""
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        folder = Path(trainer.default_root_dir) / "pids"
+        folder.mkdir(exist_ok=True)
+        (folder / f"rank{trainer.global_rank}").write_text(str(os.getpid()))

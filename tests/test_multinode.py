@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import TRAIN_SIZE
 from tests.helpers import REPO, run_command, run_local_cluster, scalars
@@ -121,3 +123,28 @@ def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tm
     assert 10 <= time.monotonic() - started < 60
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: ") and "1/2 clients joined" in last_line and "NODE_RANK" in last_line
+
+
+def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, tmp_path):
+    argv = (*common(data_dir, tmp_path), "--trainer.max_epochs", "50", "--trainer.callbacks+=tests.helpers.RecordPid")
+    command = ["scripts/local_cluster.sh", "2", "2", "--", *argv]
+    env = {**os.environ, "PYTHON": sys.executable}
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 120
+        while not (last.exists() and (tmp_path / "pids" / "rank3").exists()):  # epoch 0 is done: mid-training
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not get going"
+            time.sleep(0.2)
+        killed = time.monotonic()
+        os.kill(int((tmp_path / "pids" / "rank3").read_text()), signal.SIGKILL)
+        job.wait(timeout=60)
+        elapsed = time.monotonic() - killed
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)])
+        job.kill()
+    assert job.returncode != 0
+    assert elapsed < 60
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)  # intact: it loads, with its weights
+    assert checkpoint["epoch"] >= 0 and checkpoint["state_dict"]
