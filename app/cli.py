@@ -1,5 +1,6 @@
 """The command line of `train.py`: LightningCLI with this project's models, data and Trainer defaults."""
 
+import os
 import sys
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
@@ -14,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from app.callbacks import GlobalBatchInfo
 from app.dashboard import Dashboard
+from app.launch import choose_socket_interface
 from app.logger import LogConfigCallback, TensorBoardLogger
 from app.quiet import silence_noise
 from datamodules import DataError, MNISTDataModule
@@ -230,6 +232,9 @@ def one_line(error: BaseException) -> str:
 def main(argv: list[str] | None = None) -> None:
     args, test_after_fit = parse_command(sys.argv[1:] if argv is None else argv)
     silence_noise()
+    interface = choose_socket_interface()
+    if interface and os.environ.get("LOCAL_RANK", "0") == "0":  # once per node
+        print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
         TrainCLI(args, test_after_fit)
     except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:

@@ -1,8 +1,12 @@
-"""What the processes of a DDP job need beyond what Lightning does: dying with their launcher."""
+"""What the processes of a DDP job need beyond what Lightning does: dying with their launcher, and talking to
+the other hosts over the interface that reaches them."""
 
 import ctypes
+import fcntl
 import os
 import signal
+import socket
+import struct
 import sys
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -21,3 +25,39 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request was in place
         os._exit(1)
+
+
+SIOCGIFADDR = 0x8915  # from <linux/sockios.h>: the IPv4 address of an interface
+
+
+def choose_socket_interface() -> str | None:
+    """Name the network interface that routes to MASTER_ADDR in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
+
+    Without them, Gloo advertises the address the host name resolves to, often 127.0.0.1, which the other hosts
+    cannot reach ("Gloo connectFullMesh failed ... Connection refused, remote=[127.0.0.1]"). Does nothing when
+    either variable is set already (the user knows better), when MASTER_ADDR is unset (one node), or off Linux.
+    Returns the interface chosen, or None.
+    """
+    address = os.environ.get("MASTER_ADDR")
+    if not address or sys.platform != "linux" or {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"} & set(os.environ):
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, int(os.environ.get("MASTER_PORT", "29500"))))  # picks a route; sends nothing
+            local_address = probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+    for _index, name in socket.if_nameindex():
+        if _ipv4_address(name) == local_address:
+            os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = name
+            return name
+    return None
+
+
+def _ipv4_address(interface: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", interface[:15].encode()))
+        except OSError:  # no IPv4 address
+            return None
+    return socket.inet_ntoa(answer[20:24])

@@ -1,8 +1,10 @@
 """Several "nodes" of train.py on this machine (scripts/local_cluster.sh): 2 nodes x 2 devices, CPU, gloo."""
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,3 +150,61 @@ def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, t
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)  # intact: it loads, with its weights
     assert checkpoint["epoch"] >= 0 and checkpoint["state_dict"]
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: hosts 10.99.0.1 and 10.99.0.2, each with its own loopback.
+
+    Needs root and iproute2; the test is skipped, saying why, where they are missing.
+    """
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2 (ip)")
+    names = [f"lddp{os.getpid()}{side}" for side in "ab"]
+    setup = [
+        *(["ip", "netns", "add", name] for name in names),
+        ["ip", "link", "add", f"{names[0]}v", "type", "veth", "peer", "name", f"{names[1]}v"],
+        *(["ip", "link", "set", f"{name}v", "netns", name] for name in names),
+        *(["ip", "-n", name, "addr", "add", f"10.99.0.{i + 1}/24", "dev", f"{name}v"] for i, name in enumerate(names)),
+        *(["ip", "-n", name, "link", "set", device, "up"] for name in names for device in ("lo", f"{name}v")),
+    ]
+    try:
+        for command in setup:
+            made = subprocess.run(command, capture_output=True, text=True)
+            if made.returncode != 0:
+                pytest.skip(f"cannot make network namespaces here: {' '.join(command)}: {made.stderr.strip()}")
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_two_hosts_with_their_own_addresses_find_each_other(data_dir, tmp_path, two_hosts):
+    """Gloo would advertise 127.0.0.1 on these hosts; train.py picks the interface that routes to MASTER_ADDR."""
+    env = {**os.environ, "MASTER_ADDR": "10.99.0.1", "MASTER_PORT": "29712", "PYTHONUNBUFFERED": "1"}
+    env = {key: value for key, value in env.items() if not key.endswith("_SOCKET_IFNAME")}
+    nodes = []
+    for rank, host in enumerate(two_hosts):
+        command = [
+            "ip",
+            "netns",
+            "exec",
+            host,
+            *train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2"),
+        ]
+        nodes.append(
+            subprocess.Popen(
+                command, cwd=REPO, env={**env, "NODE_RANK": str(rank)}, text=True, start_new_session=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )
+        )  # fmt: skip
+    try:
+        outputs = [node.communicate(timeout=180)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert f"Reaching MASTER_ADDR through {two_hosts[0]}v" in outputs[0]
+    assert f"Reaching MASTER_ADDR through {two_hosts[1]}v" in outputs[1]
+    assert "Finished: test/acc" in outputs[0]
