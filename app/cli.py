@@ -14,6 +14,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from app.callbacks import GlobalBatchInfo
+from app.checkpoint_io import AtomicCheckpointIO
 from app.dashboard import Dashboard
 from app.launch import choose_socket_interface
 from app.logger import LogConfigCallback, TensorBoardLogger
@@ -138,8 +139,11 @@ class TrainCLI(LightningCLI):
             super().parse_arguments(parser, args)
 
     def instantiate_trainer(self, **kwargs):
-        """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset."""
+        """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and
+        checkpoint files written atomically (unless --trainer.plugins says otherwise)."""
         trainer_config = self._get(self.config_init, "trainer")
+        if trainer_config["plugins"] is None:
+            kwargs["plugins"] = [AtomicCheckpointIO()]
         if trainer_config["logger"] in (None, True):
             run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
             kwargs["logger"] = TensorBoardLogger(save_dir=trainer_config["default_root_dir"] or ".", name=run_name)

@@ -1,0 +1,34 @@
+"""Checkpoints are replaced atomically: an interrupted save leaves the previous file whole."""
+
+import pytest
+import torch
+
+from app.checkpoint_io import AtomicCheckpointIO
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"epoch": 1, "weights": torch.ones(1000)}, path)
+
+    def dies_halfway(obj, file):  # a process killed while writing: half the bytes, then nothing
+        with open(file, "wb") as f:
+            f.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"epoch": 2, "weights": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+
+    previous = torch.load(path, weights_only=True)
+    assert previous["epoch"] == 1 and torch.equal(previous["weights"], torch.ones(1000))
+
+
+def test_a_completed_save_replaces_the_file_and_leaves_nothing_else(tmp_path):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    for epoch in (1, 2):
+        io.save_checkpoint({"epoch": epoch}, path)
+    assert torch.load(path, weights_only=True)["epoch"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
