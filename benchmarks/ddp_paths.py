@@ -174,9 +174,10 @@ class StepTimer:
 
 
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
-    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch import Callback
 
     from app.cli import close_process_group
+    from benchmarks.bare_trainer import bare_trainer
     from datamodules import MNISTDataModule
 
     class TimeSteps(Callback):
@@ -187,16 +188,10 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
             self.timer.step_done()
 
     timing = TimeSteps()
-    trainer = Trainer(
-        strategy="ddp",
+    trainer = bare_trainer(
         accelerator="auto",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         max_steps=args.warmup + args.steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[timing],
     )
     datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)

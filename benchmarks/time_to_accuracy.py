@@ -17,9 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
+from lightning.pytorch import Callback, seed_everything  # noqa: E402
 
 from app.cli import close_process_group  # noqa: E402
+from benchmarks.bare_trainer import bare_trainer  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from models import ConvNet, SeqNet  # noqa: E402
 
@@ -57,18 +58,7 @@ def main() -> None:
     for epochs in args.epochs:
         seed_everything(42, verbose=False)
         clock = FitClock()
-        trainer = Trainer(
-            strategy="ddp",
-            accelerator=args.accelerator,
-            devices=args.devices,
-            max_epochs=epochs,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[clock],
-        )
+        trainer = bare_trainer(accelerator=args.accelerator, devices=args.devices, max_epochs=epochs, callbacks=[clock])
         datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
         model = model_class(optimizer=lambda params: torch.optim.Adam(params, lr=args.lr))
         trainer.fit(model, datamodule=datamodule)
