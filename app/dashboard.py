@@ -90,9 +90,10 @@ class Dashboard(Callback):
 
         names = datamodule.class_names
         columns = 8
-        figure = Figure(figsize=(1.4 * columns, 1.6 * math.ceil(len(shown) / columns)))
+        rows = math.ceil(len(shown) / columns)
+        figure = Figure(figsize=(1.4 * columns, 1.6 * rows))
         for position, index in enumerate(shown.tolist(), start=1):
-            axes = figure.add_subplot(math.ceil(len(shown) / columns), columns, position)
+            axes = figure.add_subplot(rows, columns, position)
             axes.imshow(images[index].numpy(), cmap="gray")
             axes.set_axis_off()
             predicted, true = names[predictions[index]], names[targets[index]]

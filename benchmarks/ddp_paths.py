@@ -83,8 +83,9 @@ def run_job(args: argparse.Namespace, path: str, devices: int) -> dict:
 
 def print_table(args: argparse.Namespace, results: dict[tuple[str, int], list[dict]]) -> None:
     from datamodules import MNISTDataModule
+    from datamodules.mnist import TRAIN_SET_SIZE
 
-    train_size = 60_000 - MNISTDataModule().hparams.val_size
+    train_size = TRAIN_SET_SIZE - MNISTDataModule().hparams.val_size
     print(
         f"\n{args.model}, batch {args.batch_size} per process, {args.steps} timed steps after {args.warmup}, "
         f"median of {args.rounds} rounds, device: {next(iter(results.values()))[0]['device']}"
