@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentError, DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -19,6 +20,7 @@ from app.dashboard import Dashboard
 from app.launch import choose_socket_interface
 from app.logger import LogConfigCallback, TensorBoardLogger
 from app.quiet import silence_noise
+from app.resume import latest_version, newest_checkpoint
 from datamodules import DataError, MNISTDataModule
 from models import ImageClassifier
 
@@ -140,17 +142,39 @@ class TrainCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and
-        checkpoint files written atomically (unless --trainer.plugins says otherwise)."""
+        checkpoint files written atomically (unless --trainer.plugins says otherwise). When resuming, reuse the
+        latest run's folder and start from its newest checkpoint (see `app/resume.py`)."""
         trainer_config = self._get(self.config_init, "trainer")
+        root = Path(trainer_config["default_root_dir"] or ".")
+        resuming = self._resuming()
         if trainer_config["plugins"] is None:
             kwargs["plugins"] = [AtomicCheckpointIO()]
         if trainer_config["logger"] in (None, True):
             run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
-            kwargs["logger"] = TensorBoardLogger(save_dir=trainer_config["default_root_dir"] or ".", name=run_name)
+            version = latest_version(root / run_name) if resuming else None
+            kwargs["logger"] = TensorBoardLogger(save_dir=root, name=run_name, version=version)
         trainer = super().instantiate_trainer(**kwargs)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        if resuming:
+            self._resume_from_newest_checkpoint(trainer, root)
         return trainer
+
+    def _resuming(self) -> bool:
+        return self.config_init[self.subcommand].get("ckpt_path") == "last"
+
+    def _resume_from_newest_checkpoint(self, trainer: Trainer, root: Path) -> None:
+        run_folder = Path(trainer.log_dir) if trainer.loggers else root
+        folders = {Path(c.dirpath or run_folder / "checkpoints") for c in trainer.checkpoint_callbacks}
+        checkpoint = newest_checkpoint(folders, root)
+        if checkpoint is None and self.subcommand != "fit":
+            raise FileNotFoundError(
+                f"--ckpt_path last: no last checkpoint in {run_folder}. Train first, or give --ckpt_path FILE."
+            )
+        self.config_init[self.subcommand]["ckpt_path"] = str(checkpoint) if checkpoint else None
+        if trainer.global_rank == 0:
+            found = f"resuming from {checkpoint}" if checkpoint else f"nothing to resume in {root}, starting afresh"
+            print(f"--ckpt_path last: {found}")
 
     def _check_data(self, *stages: str) -> None:
         """Download and decode the data now, before Lightning's launcher starts the other processes.
@@ -237,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     args, test_after_fit = parse_command(sys.argv[1:] if argv is None else argv)
     silence_noise()
     interface = choose_socket_interface()
-    if interface and os.environ.get("LOCAL_RANK", "0") == "0":  # once per node
+    if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once per node
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
         TrainCLI(args, test_after_fit)

@@ -36,9 +36,10 @@ def choose_socket_interface() -> str | None:
     Without them, Gloo advertises the address the host name resolves to, often 127.0.0.1, which the other hosts
     cannot reach ("Gloo connectFullMesh failed ... Connection refused, remote=[127.0.0.1]"). Does nothing when
     either variable is set already (the user knows better), when MASTER_ADDR is unset (one node), or off Linux.
+    Under SLURM, where Lightning sets MASTER_ADDR later, the first node of the job stands for it.
     Returns the interface chosen, or None.
     """
-    address = os.environ.get("MASTER_ADDR")
+    address = os.environ.get("MASTER_ADDR") or _slurm_root_node()
     if not address or sys.platform != "linux" or {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"} & set(os.environ):
         return None
     try:
@@ -52,6 +53,14 @@ def choose_socket_interface() -> str | None:
             os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = name
             return name
     return None
+
+
+def _slurm_root_node() -> str | None:
+    """The host that Lightning's SLURM plugin will make MASTER_ADDR: the first node of the job."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment  # here: train.py imports this module first
+
+    nodes = os.environ.get("SLURM_NODELIST")
+    return SLURMEnvironment.resolve_root_node_address(nodes) if nodes and SLURMEnvironment.detect() else None
 
 
 def _ipv4_address(interface: str) -> str | None:

@@ -6,7 +6,10 @@
 #   LAUNCHER=torchrun scripts/local_cluster.sh 2 2 -- --trainer.max_epochs 1
 #
 # LAUNCHER=lightning (default): every node gets MASTER_ADDR, MASTER_PORT and its NODE_RANK, and Lightning's launcher
-# starts the node's processes. LAUNCHER=torchrun: every node runs torchrun with c10d rendezvous at MASTER_ADDR:PORT.
+# starts the node's processes. LAUNCHER=torchrun: every node runs torchrun with c10d rendezvous at MASTER_ADDR:PORT,
+# restarting the job up to MAX_RESTARTS times (default 0) when a process fails. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
+# torch's shared rendezvous store keeps the last attempt's addresses, and a restarted job fails to connect (torch
+# issue #135712).
 # Waits for all nodes; when one fails, ends every process of every node and exits with that node's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +24,8 @@ port=${MASTER_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind((
 pids=()
 for ((node = 0; node < nodes; node++)); do
   if [ "$launcher" = torchrun ]; then
-    command=("$python" -m torch.distributed.run --nnodes "$nodes" --nproc-per-node "$devices"
-      --rdzv-backend c10d --rdzv-endpoint "$addr:$port" train.py)
+    command=(env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "$python" -m torch.distributed.run --nnodes "$nodes" --nproc-per-node "$devices"
+      --rdzv-backend c10d --rdzv-endpoint "$addr:$port" --max-restarts "${MAX_RESTARTS:-0}" train.py)
   else
     command=("$python" train.py)
   fi

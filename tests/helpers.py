@@ -30,10 +30,13 @@ def run_train(*args: str, timeout: float = 240) -> Run:
     return run_command([sys.executable, "train.py", *args], timeout)
 
 
-def run_local_cluster(nodes: int, devices: int, *args: str, launcher: str = "lightning", timeout: float = 300) -> Run:
+def run_local_cluster(
+    nodes: int, devices: int, *args: str, launcher: str = "lightning", max_restarts: int = 0, timeout: float = 300
+) -> Run:
     """Run `scripts/local_cluster.sh NODES DEVICES -- ARGS`: several "nodes" of train.py on this machine."""
     command = ["scripts/local_cluster.sh", str(nodes), str(devices), "--", *args]
-    return run_command(command, timeout, {"LAUNCHER": launcher, "PYTHON": sys.executable})
+    env = {"LAUNCHER": launcher, "MAX_RESTARTS": str(max_restarts), "PYTHON": sys.executable}
+    return run_command(command, timeout, env)
 
 
 def run_command(command: list[str], timeout: float, env: dict[str, str] | None = None) -> Run:
@@ -124,3 +127,19 @@ class RecordPid(Callback):
         folder = Path(trainer.default_root_dir) / "pids"
         folder.mkdir(exist_ok=True)
         (folder / f"rank{trainer.global_rank}").write_text(str(os.getpid()))
+
+
+class KillRankOnce(Callback):
+    """Test instrument: the process of global rank `rank` SIGKILLs itself in the middle of epoch `epoch`, once per
+    job: it leaves a file `killed` in the default root folder first, and a restarted job finds it there."""
+
+    def __init__(self, rank: int = 0, epoch: int = 1) -> None:
+        self.rank = rank
+        self.epoch = epoch
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        marker = Path(trainer.default_root_dir) / "killed"
+        here = (trainer.global_rank, trainer.current_epoch, batch_idx) == (self.rank, self.epoch, 2)
+        if here and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -102,6 +102,14 @@ def test_bad_arguments_end_in_one_line_and_a_non_zero_exit(argv, expected):
     assert expected in message and "\n" not in message
 
 
+def test_testing_the_last_checkpoint_of_no_run_ends_in_one_line(data_dir, tmp_path):
+    argv = ["test", "--ckpt_path", "last", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--trainer.default_root_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--devices", "1"])
+    message = exit_info.value.code
+    assert message.startswith("error: --ckpt_path last: no last checkpoint in") and "\n" not in message
+
+
 def test_missing_data_offline_ends_in_one_line_without_traceback(tmp_path):
     result = run_train("--data.data_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--devices", "2", timeout=120)
     assert result.returncode == 1

@@ -19,6 +19,8 @@ from tests.conftest import TRAIN_SIZE
 from tests.helpers import REPO, run_command, run_local_cluster, scalars
 
 VAL_SIZE = 200
+# How long the processes wait for each other.
+TIMEOUT_10S = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:10")
 
 
 def common(data_dir: Path, root: Path) -> tuple[str, ...]:
@@ -118,9 +120,9 @@ def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tm
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0"}
-    timeout = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:10")
+    node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_10S)
     started = time.monotonic()
-    result = run_command(train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *timeout), 120, env)
+    result = run_command(node, 120, env)
     assert result.returncode == 1
     assert 10 <= time.monotonic() - started < 60
     last_line = result.stderr.strip().splitlines()[-1]
@@ -150,6 +152,22 @@ def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, t
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)  # intact: it loads, with its weights
     assert checkpoint["epoch"] >= 0 and checkpoint["state_dict"]
+
+
+def test_torchrun_restarts_a_job_whose_rank_died_from_its_last_checkpoint(data_dir, tmp_path):
+    kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "3")
+    args = (*common(data_dir, tmp_path), "--trainer.max_epochs", "3", "--ckpt_path", "last", *kill)
+    result = run_local_cluster(2, 2, *args, launcher="torchrun", max_restarts=1)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+
+    (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()  # the restarted job continued the same run
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert output.count(f"--ckpt_path last: nothing to resume in {tmp_path}, starting afresh") == 1
+    assert output.count(f"--ckpt_path last: resuming from {last}") == 1
+    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 2
+    assert len(scalars(run_dir)["val/acc"]) == 3  # epoch 0 from the first attempt, 1 and 2 after the restart
+    assert output.count("Finished: test/acc") == 1
 
 
 @pytest.fixture
@@ -208,3 +226,14 @@ def test_two_hosts_with_their_own_addresses_find_each_other(data_dir, tmp_path, 
     assert f"Reaching MASTER_ADDR through {two_hosts[0]}v" in outputs[0]
     assert f"Reaching MASTER_ADDR through {two_hosts[1]}v" in outputs[1]
     assert "Finished: test/acc" in outputs[0]
+
+
+def test_an_unreachable_master_addr_ends_in_one_line_after_the_timeout(data_dir, tmp_path, two_hosts):
+    env = {"MASTER_ADDR": "10.99.0.3", "MASTER_PORT": "29713", "NODE_RANK": "1"}  # no host has 10.99.0.3
+    node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_10S)
+    started = time.monotonic()
+    result = run_command(["ip", "netns", "exec", two_hosts[1], *node], 120, env)
+    assert result.returncode == 1
+    assert 10 <= time.monotonic() - started < 60
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error (rank 1): ") and "(10.99.0.3, 29713)" in last_line and "MASTER_ADDR" in last_line

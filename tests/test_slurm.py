@@ -1,0 +1,93 @@
+"""`scripts/train.sbatch` on a real SLURM cluster of one machine (`scripts/local_slurm.sh`), CPU, gloo.
+
+Opt-in: it runs where Debian's `slurm-wlm` and `munge` are installed and the tests run as root
+(`apt-get install slurm-wlm munge`), and is skipped, saying so, elsewhere.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.helpers import REPO, scalars
+
+pytestmark = pytest.mark.slow
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A running one-machine SLURM cluster; returns the environment that points SLURM's commands at it."""
+    missing = [name for name in DAEMONS if shutil.which(name) is None]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"needs root and SLURM ({' '.join(missing) or 'root'} missing): apt-get install slurm-wlm munge")
+    folder = tmp_path_factory.mktemp("slurm")
+    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port())}
+    started = subprocess.run(["scripts/local_slurm.sh", "start", folder], cwd=REPO, env=env, capture_output=True)
+    try:
+        assert started.returncode == 0, started.stderr
+        yield {**env, "SLURM_CONF": str(folder / "slurm.conf")}
+    finally:
+        subprocess.run(["scripts/local_slurm.sh", "stop", folder], cwd=REPO)
+
+
+def slurm_command(env: dict[str, str], *command: str) -> str:
+    return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.5)
+
+
+def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_checkpoint(data_dir, tmp_path, slurm):
+    env = {**slurm, "PYTHON": sys.executable, "RUNS": str(tmp_path)}
+    train_args = (
+        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200"),
+        *("--data.batch_size", "50", "--trainer.max_epochs", "12", "--trainer.accelerator", "cpu"),
+        *("--trainer.enable_progress_bar", "false"),
+    )
+    job_id = slurm_command(
+        env, "sbatch", "--parsable", "--nodes", "1", "--ntasks-per-node", "2", "--chdir", str(REPO),
+        "--output", str(tmp_path / "job.out"), "scripts/train.sbatch", *train_args,
+    )  # fmt: skip
+    job_state = ["squeue", "--noheader", "--jobs", job_id, "--format", "%T"]
+    run_dir = tmp_path / f"slurm-{job_id}" / "SeqNet-mnist" / "version_0"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    try:
+        wait_for(last.exists, 120, "the end of the first epoch")
+        # What SLURM sends 90 s before the time limit (--signal=SIGUSR1@90 in the script): Lightning saves a
+        # checkpoint and requeues the job.
+        slurm_command(env, "scancel", "--signal=USR1", job_id)
+        wait_for(lambda: slurm_command(env, *job_state) == "PENDING", 60, "the requeue")
+        slurm_command(env, "scontrol", "update", f"JobId={job_id}", "StartTime=now")  # SLURM holds it 2 minutes
+        wait_for(lambda: slurm_command(env, *job_state) == "", 240, "the end of the requeued job")
+    finally:
+        subprocess.run(["scancel", job_id], env=env)
+    output = (tmp_path / "job.out").read_text()
+
+    assert f"Job {job_id}, start 1" in output and f"Job {job_id}, start 2" in output
+    assert "Requeued SLURM job" in output
+    assert (tmp_path / f"slurm-{job_id}" / "hpc_ckpt_1.ckpt").exists()
+    assert output.count("--ckpt_path last: resuming from") == 1
+    ranks = sorted(re.findall(r"GLOBAL_RANK: (\d), MEMBER: \d/(\d)", output))
+    assert ranks == [("0", "2"), ("0", "2"), ("1", "2"), ("1", "2")]  # two tasks, twice
+
+    assert [path.name for path in run_dir.parent.iterdir()] == ["version_0"]  # the requeued job continued the run
+    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 11
+    assert len(scalars(run_dir)["val/acc"]) >= 12  # an epoch cut short by the requeue may be validated twice
+    assert output.count("Finished: test/acc") == 1
