@@ -1,6 +1,7 @@
 """The command line of `train.py`: LightningCLI with this project's models, data and Trainer defaults."""
 
 import os
+import pickle
 import sys
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
@@ -128,6 +129,7 @@ class TrainCLI(LightningCLI):
         `test --ckpt_path` would evaluate a MNIST model on FashionMNIST. Options given on the command line or in a
         config file still win over the checkpoint's, so the data can be read from another folder.
         """
+        self._load_checkpoints_as_data_only()
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -139,6 +141,17 @@ class TrainCLI(LightningCLI):
         if data_hparams:
             self._subcommand_parsers[subcommand].set_defaults({f"data.{k}": v for k, v in data_hparams.items()})
             super().parse_arguments(parser, args)
+
+    def _load_checkpoints_as_data_only(self) -> None:
+        """Default `--weights_only true`: loading a checkpoint cannot run code.
+
+        Lightning's default (None) leaves files to torch, which loads them weights-only since torch 2.6, but
+        unpickles anything from a URL. This program's checkpoints hold tensors and plain settings only, so they load
+        either way; one that needs `--weights_only false` should come from a source one trusts.
+        """
+        for subparser in self._subcommand_parsers.values():
+            if "--weights_only" in subparser._option_string_actions:  # a `weights_only` argument, Lightning >= 2.6
+                subparser.set_defaults({"weights_only": True})
 
     def instantiate_trainer(self, **kwargs):
         """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and
@@ -257,6 +270,19 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+def describe(error: BaseException) -> str:
+    """One line that says what went wrong and what to do about it."""
+    if isinstance(error, RENDEZVOUS_ERRORS):
+        return f"{one_line(error)} {RENDEZVOUS_HINT}"
+    if isinstance(error, pickle.UnpicklingError):  # torch.load(weights_only=True) met something else
+        reason = next((line for line in str(error).splitlines() if "WeightsUnpickler" in line), one_line(error))
+        return (
+            f"refused to load the checkpoint: it holds more than tensors and plain values, and loading it could run"
+            f" code ({reason.strip()}). If you trust its source, add --weights_only false."
+        )
+    return one_line(error)
+
+
 def main(argv: list[str] | None = None) -> None:
     args, test_after_fit = parse_command(sys.argv[1:] if argv is None else argv)
     silence_noise()
@@ -265,8 +291,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
         TrainCLI(args, test_after_fit)
-    except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:
-        message = one_line(error) + (f" {RENDEZVOUS_HINT}" if isinstance(error, RENDEZVOUS_ERRORS) else "")
+    except (*USER_ERRORS, *RENDEZVOUS_ERRORS, pickle.UnpicklingError) as error:
+        message = describe(error)
         rank = rank_zero_only.rank
         sys.exit(f"error: {message}" if rank == 0 else f"error (rank {rank}): {message}")
     finally:

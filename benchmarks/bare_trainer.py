@@ -4,9 +4,9 @@ model summary or validation)."""
 from lightning.pytorch import Trainer
 
 
-def bare_trainer(**kwargs) -> Trainer:
+def bare_trainer(strategy="ddp", **kwargs) -> Trainer:
     return Trainer(
-        strategy="ddp",
+        strategy=strategy,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,

@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)  # JSON: see lightning_loop
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -61,14 +62,21 @@ def compare(args: argparse.Namespace) -> None:
     print_table(args, results)
 
 
-def run_job(args: argparse.Namespace, path: str, devices: int) -> dict:
+def run_job(args: argparse.Namespace, path: str, devices: int, options: dict | None = None) -> dict:
+    """One torchrun job of `devices` processes on `path`; `options` change the Lightning path (see lightning_loop)."""
+    options = options or {}
     with tempfile.TemporaryDirectory() as out:
         command = [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}"),
             *(__file__, "--worker", path, "--out", out, "--data-dir", args.data_dir, "--model", args.model),
             *("--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup)),
+            *("--options", json.dumps(options)),
         ]
-        subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL, timeout=1800)
+        # The same threads per process on every path, from the start: cores / processes, what Lightning and
+        # torchrun would choose. (Setting the count later, with torch.set_num_threads, gave other speeds on 2 cores.)
+        threads = {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // devices))}
+        env = {**os.environ, **threads, **options.get("env", {})}
+        subprocess.run(command, check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL, timeout=1800)
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     seconds = max(rank["seconds"] for rank in ranks)
     samples = args.steps * args.batch_size * devices
@@ -142,13 +150,13 @@ def _device_name(torch_device) -> str:
     return torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else "cpu"
 
 
-def _model(name: str):
+def _model(name: str, **options):
     import torch
 
     from models import ConvNet, SeqNet
 
     model_class = {"SeqNet": SeqNet, "ConvNet": ConvNet}[name]
-    return model_class(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), one_cycle=False)
+    return model_class(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), one_cycle=False, **options)
 
 
 class StepTimer:
@@ -175,7 +183,10 @@ class StepTimer:
 
 
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
+    """The Lightning path. `--options` (JSON) may change it: "model" and "trainer" hold keyword arguments of the
+    model class and the Trainer, "strategy" those of `DDPStrategy` (and `run_job` puts "env" in the environment)."""
     from lightning.pytorch import Callback
+    from lightning.pytorch.strategies import DDPStrategy
 
     from app.cli import close_process_group
     from benchmarks.bare_trainer import bare_trainer
@@ -188,15 +199,18 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.timer.step_done()
 
+    options = json.loads(args.options)
     timing = TimeSteps()
     trainer = bare_trainer(
+        strategy=DDPStrategy(**options.get("strategy", {})),
         accelerator="auto",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         max_steps=args.warmup + args.steps,
         callbacks=[timing],
+        **options.get("trainer", {}),
     )
     datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
-    trainer.fit(_model(args.model), datamodule=datamodule)
+    trainer.fit(_model(args.model, **options.get("model", {})), datamodule=datamodule)
     seconds = timing.timer.seconds()
     close_process_group()  # as train.py does: see app/cli.py
     return seconds, _device_name(trainer.strategy.root_device)
@@ -218,8 +232,7 @@ def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl")
     else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, os.cpu_count() // int(os.environ["LOCAL_WORLD_SIZE"])))  # as Lightning does
+        device = torch.device("cpu")  # threads: OMP_NUM_THREADS, set by run_job
         dist.init_process_group("gloo")
     torch.manual_seed(42)
 
@@ -237,7 +250,9 @@ def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
 
     module = _model(args.model)
-    model = DistributedDataParallel(module.net.to(device), device_ids=[local_rank] if device.type == "cuda" else None)
+    module.configure_model()  # the model's own speed settings (channels_last), as Lightning applies them
+    # The whole module, so that its forward lays the images out as the network wants (channels_last).
+    model = DistributedDataParallel(module.to(device), device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     timer = StepTimer(args.warmup, device)
     epoch = 0

@@ -56,6 +56,9 @@ class MNISTDataModule(LightningDataModule):
             `batch_size * devices * num_nodes` samples (the global batch, printed at start).
         num_workers: DataLoader worker processes per device. Batches are slices of a tensor in memory, so 0 is
             usually fastest.
+        eval_batch_size: Samples per validation/test/predict batch per device. Evaluation keeps no activations
+            for a backward pass, so it takes larger batches than training, and fewer steps.
+        pin_memory: Put batches in page-locked memory, so that their copy to a GPU can overlap computation.
         val_size: Images held out of the training set for validation.
         val_split_seed: Seed of the train/val split; fixed so that every rank and every run holds out the same images.
     """
@@ -66,6 +69,8 @@ class MNISTDataModule(LightningDataModule):
         data_dir: str = "data",
         batch_size: PositiveInt = 64,
         num_workers: NonNegativeInt = 0,
+        eval_batch_size: PositiveInt = 1000,
+        pin_memory: bool = False,
         val_size: PositiveInt = 5000,
         val_split_seed: int = 0,
     ) -> None:
@@ -145,16 +150,18 @@ class MNISTDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         # A plain shuffling loader: under DDP Lightning swaps in a DistributedSampler, seeded and re-shuffled each
         # epoch (`set_epoch`), that gives each rank an equal share.
-        return self._loader(self.train_set, shuffle=True)
+        return self._loader(self.train_set, self.hparams.batch_size, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
+        return self._loader(self.val_set, self.hparams.eval_batch_size, sampler=self._evaluation_sampler(self.val_set))
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
+        sampler = self._evaluation_sampler(self.test_set)
+        return self._loader(self.test_set, self.hparams.eval_batch_size, sampler=sampler)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set)  # Lightning shards predictions without repeats already
+        # Lightning shards predictions without repeats already
+        return self._loader(self.test_set, self.hparams.eval_batch_size)
 
     def _evaluation_sampler(self, dataset: BatchedTensorDataset) -> UnrepeatedDistributedSampler | None:
         """Under DDP, give each rank every world_size-th sample, each sample to exactly one rank.
@@ -171,14 +178,15 @@ class MNISTDataModule(LightningDataModule):
             dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
         )
 
-    def _loader(self, dataset: BatchedTensorDataset, shuffle: bool = False, sampler=None) -> DataLoader:
+    def _loader(self, dataset: BatchedTensorDataset, batch_size: int, shuffle=False, sampler=None) -> DataLoader:
         return DataLoader(
             dataset,
-            batch_size=self.hparams.batch_size,
+            batch_size=batch_size,
             shuffle=shuffle,
             sampler=sampler,
             num_workers=self.hparams.num_workers,
             collate_fn=already_batched,
+            pin_memory=self.hparams.pin_memory,
             persistent_workers=self.hparams.num_workers > 0,
         )
 

@@ -22,7 +22,7 @@ class ConvNet(ImageClassifier):
     `--trainer.sync_batchnorm true` makes them use the statistics of the global batch instead.
     """
 
-    def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle: see ImageClassifier
+    def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle, ...: see ImageClassifier
         super().__init__(**kwargs)
         self.net = nn.Sequential(
             conv_block(1, 32),

@@ -13,7 +13,7 @@ class SeqNet(ImageClassifier):
     hidden layers end in a sigmoid as intended, and the datamodule normalises the images once.
     """
 
-    def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle: see ImageClassifier
+    def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle, ...: see ImageClassifier
         super().__init__(**kwargs)
         self.net = nn.Sequential(
             nn.Flatten(),

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,17 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_dataset(root, "MNIST", TRAIN_SIZE, TEST_SIZE, seed=0)
     write_dataset(root, "FashionMNIST", TRAIN_SIZE, TEST_SIZE, seed=1)
     return root
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Put the environment variables back after each test.
+
+    A test that runs train.py inside this process lets Lightning set MASTER_PORT, NODE_RANK, LOCAL_RANK, ... here.
+    A train.py started later by another test would inherit them, and with LOCAL_RANK set Lightning takes the
+    processes to be started by someone else and waits for ranks that never come.
+    """
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

@@ -1,8 +1,12 @@
 """train.py's command line: shortcuts, the default fit-then-test, config round trips and one-line errors."""
 
+import functools
+import http.server
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from app.cli import main, parse_command
@@ -108,6 +112,37 @@ def test_testing_the_last_checkpoint_of_no_run_ends_in_one_line(data_dir, tmp_pa
         main([*argv, "--trainer.default_root_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--devices", "1"])
     message = exit_info.value.code
     assert message.startswith("error: --ckpt_path last: no last checkpoint in") and "\n" not in message
+
+
+class OpensAFile:
+    """Unpickled, it creates the file `path`: a stand-in for a checkpoint that runs code when loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(data_dir, tmp_path, monkeypatch):
+    """Served over HTTP, where Lightning would otherwise load it with `weights_only=False`."""
+    marker = tmp_path / "code_ran"
+    torch.save({"state_dict": {}, "payload": OpensAFile(marker)}, tmp_path / "evil.ckpt")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # where torch.hub keeps downloads
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/evil.ckpt"
+        argv = ["test", "--ckpt_path", url, "--data.dataset", "mnist", "--data.data_dir", str(data_dir)]
+        try:
+            with pytest.raises(SystemExit) as exit_info:
+                main([*argv, "--trainer.default_root_dir", str(tmp_path), "--trainer.accelerator", "cpu"])
+        finally:
+            server.shutdown()
+    message = exit_info.value.code
+    assert message.startswith("error: refused to load the checkpoint") and "--weights_only false" in message
+    assert "\n" not in message
+    assert not marker.exists()
 
 
 def test_missing_data_offline_ends_in_one_line_without_traceback(tmp_path):

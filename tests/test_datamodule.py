@@ -48,6 +48,13 @@ def test_batches_travel_as_uint8_and_are_normalised_with_the_dataset_statistics(
     assert same_targets is targets
 
 
+def test_evaluation_takes_its_own_larger_batches(data_dir):
+    datamodule = fitted(data_dir, batch_size=32)  # eval_batch_size defaults to 1000
+    assert len(next(iter(datamodule.train_dataloader()))[0]) == 32
+    assert len(next(iter(datamodule.val_dataloader()))[0]) == len(datamodule.val_set)  # 200 in one batch
+    assert [len(images) for images, _ in fitted(data_dir, eval_batch_size=100).val_dataloader()] == [100, 100]
+
+
 def test_a_batch_is_the_samples_of_its_indices(data_dir):
     dataset = fitted(data_dir).train_set
     images, targets = dataset.__getitems__([5, 0, 7])

@@ -120,7 +120,7 @@ def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, 
     figures = []
     for devices in (1, 2, 3):
         logs = tmp_path / f"devices{devices}"
-        argv = ("test", "--ckpt_path", str(best), "--devices", str(devices), "--data.batch_size", "40")
+        argv = ("test", "--ckpt_path", str(best), "--devices", str(devices), "--data.eval_batch_size", "40")
         result = run_train(*argv, "--trainer.default_root_dir", str(logs), *COMMON)
         assert result.returncode == 0, result.stderr[-3000:]
         (evaluation,) = (logs / "SeqNet-mnist").iterdir()
