@@ -32,6 +32,7 @@ stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and -
 
   python train.py --model ConvNet --data.dataset mnist --devices 2
   python train.py test --ckpt_path runs/ConvNet-mnist/version_0/checkpoints/last.ckpt
+  python train.py --model ConvNet --data.dataset mnist --ckpt_path last    # continue the latest such run
 
 Every option: python train.py fit --help"""
 
