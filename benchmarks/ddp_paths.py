@@ -104,14 +104,7 @@ def print_table(args: argparse.Namespace, results: dict[tuple[str, int], list[di
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for devices in args.devices:
-        median = {
-            path: {
-                key: statistics.median(r[key] for r in results[(path, devices)])
-                for key in results[(path, devices)][0]
-                if key != "device"
-            }
-            for path in args.paths
-        }
+        median = {path: medians(results[(path, devices)]) for path in args.paths}
         for path in args.paths:
             m = median[path]
             epoch = train_size / (args.batch_size * devices) * m["ms_per_step"] / 1000
@@ -123,6 +116,11 @@ def print_table(args: argparse.Namespace, results: dict[tuple[str, int], list[di
                 f"| {path} | {devices} | {m['samples_per_s']:,.0f} | {m['samples_per_s_per_rank']:,.0f} | "
                 f"{m['ms_per_step']:.2f} | {epoch:.1f} | {m['peak_mib_per_rank']:.0f} | {vs[0]} | {vs[1]} |"
             )
+
+
+def medians(runs: list[dict]) -> dict[str, float]:
+    """The median over rounds of every figure `run_job` returns."""
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0] if key != "device"}
 
 
 # ---------------------------------------------------------------- inside each torchrun process

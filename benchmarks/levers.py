@@ -9,13 +9,12 @@ median over rounds. The ratio is the lever's samples/s over the defaults' in the
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ddp_paths import run_job  # noqa: E402
+from benchmarks.ddp_paths import medians, run_job  # noqa: E402
 
 STRATEGY = "--trainer.strategy DDPStrategy --trainer.strategy."
 # name: (the train.py setting, the options of ddp_paths.lightning_loop that apply it)
@@ -56,8 +55,7 @@ def main() -> None:
     )
     print("| lever | train.py setting | samples/s (total) | ms/step | peak MiB/rank | vs defaults |")
     print("| --- | --- | --- | --- | --- | --- |")
-    median = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "device"}
-              for name, runs in results.items()}  # fmt: skip
+    median = {name: medians(runs) for name, runs in results.items()}
     for name in levers:
         m = median[name]
         ratio = m["samples_per_s"] / median["defaults"]["samples_per_s"]

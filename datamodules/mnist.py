@@ -178,7 +178,9 @@ class MNISTDataModule(LightningDataModule):
             dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
         )
 
-    def _loader(self, dataset: BatchedTensorDataset, batch_size: int, shuffle=False, sampler=None) -> DataLoader:
+    def _loader(
+        self, dataset: BatchedTensorDataset, batch_size: int, shuffle: bool = False, sampler=None
+    ) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=batch_size,

@@ -24,8 +24,9 @@ port=${MASTER_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind((
 pids=()
 for ((node = 0; node < nodes; node++)); do
   if [ "$launcher" = torchrun ]; then
-    command=(env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "$python" -m torch.distributed.run --nnodes "$nodes" --nproc-per-node "$devices"
-      --rdzv-backend c10d --rdzv-endpoint "$addr:$port" --max-restarts "${MAX_RESTARTS:-0}" train.py)
+    command=(env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "$python" -m torch.distributed.run
+      --nnodes "$nodes" --nproc-per-node "$devices" --rdzv-backend c10d --rdzv-endpoint "$addr:$port"
+      --max-restarts "${MAX_RESTARTS:-0}" train.py)
   else
     command=("$python" train.py)
   fi

@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,6 +24,13 @@ class Run:
     stdout: str
     stderr: str
     pid: int  # of the process the user started: rank 0 under Lightning's launcher
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_train(*args: str, timeout: float = 240) -> Run:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import TRAIN_SIZE
-from tests.helpers import REPO, run_command, run_local_cluster, scalars
+from tests.helpers import REPO, free_port, run_command, run_local_cluster, scalars
 
 VAL_SIZE = 200
 # How long the processes wait for each other.
@@ -116,10 +116,7 @@ def test_a_port_in_use_ends_in_one_line_and_leaves_no_rank_behind(data_dir, tmp_
 
 
 def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0"}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0"}
     node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_10S)
     started = time.monotonic()
     result = run_command(node, 120, env)

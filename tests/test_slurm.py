@@ -7,7 +7,6 @@ Opt-in: it runs where Debian's `slurm-wlm` and `munge` are installed and the tes
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,10 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, scalars
+from tests.helpers import REPO, free_port, scalars
 
 pytestmark = pytest.mark.slow
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """A real TensorBoard server, started on loopback, serves what a user looks for in a run of train.py."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.logger import HPARAMS_METRICS
-from tests.helpers import run_train
+from tests.helpers import free_port, run_train
 
 RUN = "ConvNet-mnist/version_0"
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
@@ -34,9 +33,7 @@ def log_root(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tensorboard(log_root: Path):
     """The base URL of `tensorboard --logdir <runs> --host 127.0.0.1 --port <free port>`, stopped afterwards."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(log_root), "--host", "127.0.0.1"]
     server = subprocess.Popen([*command, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
