@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from app.callbacks import GlobalBatchInfo
+from app.callbacks import GlobalBatchInfo, SigtermCheck
 from app.checkpoint_io import AtomicCheckpointIO
 from app.dashboard import Dashboard
 from app.launch import choose_socket_interface
@@ -122,6 +122,7 @@ class TrainCLI(LightningCLI):
         parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(Dashboard, "dashboard")
+        parser.add_lightning_class_args(SigtermCheck, "sigterm_check")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse; with `--ckpt_path FILE` the data settings saved in the checkpoint become the defaults.

@@ -1,10 +1,12 @@
 """The Trainer both benchmarks time: DDP, and nothing that does not train (no logger, checkpoints, progress bar,
-model summary or validation)."""
+model summary or validation), but with the callback of train.py that changes the speed of a step."""
 
 from lightning.pytorch import Trainer
 
+from app.callbacks import SigtermCheck
 
-def bare_trainer(strategy="ddp", **kwargs) -> Trainer:
+
+def bare_trainer(strategy="ddp", callbacks=(), sigterm_every_n_steps: int = 50, **kwargs) -> Trainer:
     return Trainer(
         strategy=strategy,
         limit_val_batches=0,
@@ -12,5 +14,6 @@ def bare_trainer(strategy="ddp", **kwargs) -> Trainer:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        callbacks=[SigtermCheck(sigterm_every_n_steps), *callbacks],
         **kwargs,
     )

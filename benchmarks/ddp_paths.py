@@ -182,7 +182,8 @@ class StepTimer:
 
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     """The Lightning path. `--options` (JSON) may change it: "model" and "trainer" hold keyword arguments of the
-    model class and the Trainer, "strategy" those of `DDPStrategy` (and `run_job` puts "env" in the environment)."""
+    model class and the Trainer, "strategy" those of `DDPStrategy`, "sigterm_every_n_steps" sets train.py's
+    `--sigterm_check.every_n_steps` (and `run_job` puts "env" in the environment)."""
     from lightning.pytorch import Callback
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -205,6 +206,7 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         max_steps=args.warmup + args.steps,
         callbacks=[timing],
+        sigterm_every_n_steps=options.get("sigterm_every_n_steps", 50),
         **options.get("trainer", {}),
     )
     datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)

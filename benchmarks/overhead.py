@@ -1,0 +1,203 @@
+"""Lightning's cost per training step against the plain DDP loop, measured inside the same processes.
+
+`ddp_paths.py` times each path in a job of its own; on a noisy machine the ratio of two jobs moves by 10% from
+one run to the next, more than the difference it should show. Here one torchrun job runs both: chunks of
+`--chunk` steps of the Lightning path (train.py's model, datamodule and step callbacks under `Trainer(strategy=
+"ddp")`) alternate with chunks of the plain loop of `ddp_paths.py` (its own copy of the model, its own
+`DistributedDataParallel`, sampler and Adam, over the same process group), so that whatever slows the machine
+down slows both. Every other Lightning chunk checks for SIGTERM before every step, as Lightning does by itself
+(`--sigterm_check.every_n_steps 1`). The median chunk of each kind gives ms per step.
+
+    python benchmarks/overhead.py --data-dir ../shared/datasets --model SeqNet --devices 2 --batch-size 64
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+KINDS = {
+    "plain": "plain PyTorch DDP loop",
+    "lightning": "Lightning, train.py's defaults",
+    "lightning_sigterm_every_step": "Lightning, `--sigterm_check.every_n_steps 1`",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
+    parser.add_argument("--model", default="SeqNet", choices=["SeqNet", "ConvNet"])
+    parser.add_argument("--devices", type=int, default=2, help="processes")
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--chunk", type=int, default=10, help="steps per chunk")
+    parser.add_argument("--chunks", type=int, default=30, help="Lightning chunks per job (as many plain ones)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed Lightning steps first")
+    parser.add_argument("--rounds", type=int, default=3, help="jobs")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run_worker(args)
+        return
+    rounds = [run_job(args) for _ in range(args.rounds)]
+    print_table(args, rounds)
+
+
+def run_job(args: argparse.Namespace) -> dict:
+    """One torchrun job; returns rank 0's median ms per step of each kind, and the device."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.devices}"),
+            *(__file__, "--worker", "--out", out, "--data-dir", args.data_dir, "--model", args.model),
+            *("--batch-size", str(args.batch_size), "--chunk", str(args.chunk), "--chunks", str(args.chunks)),
+            *("--warmup", str(args.warmup)),
+        ]
+        threads = {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // args.devices))}  # as ddp_paths.run_job
+        subprocess.run(command, check=True, cwd=REPO, env={**os.environ, **threads}, stdout=subprocess.DEVNULL)
+        result = json.loads(Path(out, "rank0.json").read_text())
+    print(f"round done: {json.dumps(result)}", file=sys.stderr)
+    return result
+
+
+def print_table(args: argparse.Namespace, rounds: list[dict]) -> None:
+    print(
+        f"\n{args.model}, batch {args.batch_size} per process, {args.devices} processes, chunks of {args.chunk} "
+        f"steps, {args.chunks} of each kind per job, medians over {args.rounds} jobs, device: {rounds[0]['device']}"
+    )
+    print("| path | ms/step | vs plain (per job) | vs plain (median) |")
+    print("| --- | --- | --- | --- |")
+    for kind, label in KINDS.items():
+        per_job = [r["plain"] / r[kind] for r in rounds]
+        ms = statistics.median(r[kind] for r in rounds)
+        print(f"| {label} | {ms:.2f} | {', '.join(f'{x:.2f}' for x in per_job)} | {statistics.median(per_job):.2f} |")
+
+
+# ---------------------------------------------------------------- inside each torchrun process
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from app.callbacks import SigtermCheck
+    from app.cli import close_process_group
+    from benchmarks.bare_trainer import bare_trainer
+    from benchmarks.ddp_paths import _device_name, _model
+    from datamodules import MNISTDataModule
+
+    alternate = Alternate(args)
+    trainer = bare_trainer(
+        strategy=DDPStrategy(),
+        accelerator="auto",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        max_steps=args.warmup + 2 * args.chunks * args.chunk,
+        callbacks=[alternate],
+    )
+    alternate.sigterm_check = next(c for c in trainer.callbacks if isinstance(c, SigtermCheck))
+    datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+    trainer.fit(_model(args.model), datamodule=datamodule)
+    if trainer.global_rank == 0:
+        result = {kind: 1000 * statistics.median(seconds) / args.chunk for kind, seconds in alternate.chunks.items()}
+        result["device"] = _device_name(trainer.strategy.root_device)
+        Path(args.out, "rank0.json").write_text(json.dumps(result))
+    close_process_group()  # as train.py does: see app/cli.py
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device to finish its queued work (a no-op on CPU), so that a chunk's time is all its own."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Alternate(Callback):
+    """After every chunk of Lightning steps, time a chunk of plain steps; switch the SIGTERM check every chunk.
+
+    All ranks count the same steps, so they switch together and take part in the same collectives.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.sigterm_check = args, None
+        self.chunks: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        self.steps, self.kind, self.start = 0, None, 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.plain = PlainLoop(self.args, pl_module.device)
+        self.default_every_n_steps = self.sigterm_check.every_n_steps
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps += 1
+        since_warmup = self.steps - self.args.warmup
+        if since_warmup < 0 or since_warmup % self.args.chunk:
+            return
+        if self.kind is not None:
+            sync(pl_module.device)
+            self.chunks[self.kind].append(time.perf_counter() - self.start)
+            self.chunks["plain"].append(self.plain.time_steps(self.args.chunk))
+        chunk_index = since_warmup // self.args.chunk
+        self.kind = "lightning" if chunk_index % 2 == 0 else "lightning_sigterm_every_step"
+        self.sigterm_check.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
+        sync(pl_module.device)
+        self.start = time.perf_counter()
+
+
+class PlainLoop:
+    """The plain loop of `ddp_paths.py`, a chunk of steps at a time, beside the Lightning model."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        from benchmarks.ddp_paths import _model
+        from datamodules import MNISTDataModule
+        from datamodules.mnist import already_batched
+
+        self.datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+        self.datamodule.setup("fit")
+        self.sampler = DistributedSampler(self.datamodule.train_set, shuffle=True, seed=42)
+        self.loader = DataLoader(
+            self.datamodule.train_set, batch_size=args.batch_size, sampler=self.sampler, collate_fn=already_batched
+        )
+        module = _model(args.model)
+        module.configure_model()
+        device_ids = [device.index] if device.type == "cuda" else None
+        self.model = DistributedDataParallel(module.to(device), device_ids=device_ids)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        self.device, self.epoch, self.batches = device, 0, iter(self.loader)
+
+    def time_steps(self, steps: int) -> float:
+        sync(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            images, targets = self._next_batch()
+            images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+            images, targets = self.datamodule.on_after_batch_transfer((images, targets), 0)
+            loss = F.cross_entropy(self.model(images), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        sync(self.device)
+        return time.perf_counter() - start
+
+    def _next_batch(self):
+        batch = next(self.batches, None)
+        if batch is None:  # a new epoch, re-shuffled as Lightning does
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)
+            self.batches = iter(self.loader)
+            batch = next(self.batches)
+        return batch
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`python tests/count_host_reads.py OUT_DIR TRAIN_ARGS...`: run `train.py TRAIN_ARGS` and record, in every process,
+where a tensor value was read back to the host; each rank writes its list to OUT_DIR/rank<N>.json.
+
+Lightning's launcher starts the other ranks with this same command line, so they count too.
+"""
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.cli import main  # noqa: E402
+
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
+
+
+def count_reads(reads: list[str]) -> None:
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counting(tensor, *args, _original=original, _name=name, **kwargs):
+            caller = traceback.extract_stack(limit=3)[0]
+            # torch's optimizers keep their step counts on the CPU even when training on a GPU (unless
+            # `capturable`), precisely so that reading them costs no synchronisation.
+            if "/torch/optim/" not in caller.filename:
+                reads.append(f"{_name} in {caller.filename}:{caller.lineno}")
+            return _original(tensor, *args, **kwargs)
+
+        setattr(torch.Tensor, name, counting)
+
+
+if __name__ == "__main__":
+    out_dir, argv = Path(sys.argv[1]), sys.argv[2:]
+    reads: list[str] = []
+    count_reads(reads)
+    try:
+        main(argv)
+    finally:
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(reads))
