@@ -157,6 +157,14 @@ def _model(name: str, **options):
     return model_class(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), one_cycle=False, **options)
 
 
+def sync(device) -> None:
+    """Wait for the device to finish its queued work (nothing to wait for on a CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class StepTimer:
     """Times steps warmup+1 .. warmup+steps on the wall clock, synchronising the device only at the two ends."""
 
@@ -166,18 +174,12 @@ class StepTimer:
     def step_done(self) -> None:
         self.steps += 1
         if self.steps == self.warmup:
-            self._sync()
+            sync(self.device)
             self.start = time.perf_counter()
 
     def seconds(self) -> float:
-        self._sync()
+        sync(self.device)
         return time.perf_counter() - self.start
-
-    def _sync(self) -> None:
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
@@ -219,12 +221,6 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
 def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from datamodules import MNISTDataModule
-    from datamodules.mnist import already_batched
 
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
@@ -235,44 +231,75 @@ def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
         device = torch.device("cpu")  # threads: OMP_NUM_THREADS, set by run_job
         dist.init_process_group("gloo")
     torch.manual_seed(42)
-
-    datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
-    datamodule.setup("fit")
-    if args.worker == "plain":
-        dataset, collate, normalise = datamodule.train_set, already_batched, True
-    else:
-        from torchvision import datasets, transforms
-
-        to_tensor = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
-        dataset = datasets.MNIST(args.data_dir, train=True, transform=to_tensor)
-        collate, normalise = None, False
-    sampler = DistributedSampler(dataset, shuffle=True, seed=42)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
-
-    module = _model(args.model)
-    module.configure_model()  # the model's own speed settings (channels_last), as Lightning applies them
-    # The whole module, so that its forward lays the images out as the network wants (channels_last).
-    model = DistributedDataParallel(module.to(device), device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    timer = StepTimer(args.warmup, device)
-    epoch = 0
-    while timer.steps < args.warmup + args.steps:
-        sampler.set_epoch(epoch)
-        for images, targets in loader:
-            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            if normalise:
-                images, targets = datamodule.on_after_batch_transfer((images, targets), 0)
-            loss = F.cross_entropy(model(images), targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            timer.step_done()
-            if timer.steps == args.warmup + args.steps:
-                break
-        epoch += 1
-    seconds = timer.seconds()
+    loop = PlainLoop(args, device, tutorial=args.worker == "tutorial")
+    loop.time_steps(args.warmup)
+    seconds = loop.time_steps(args.steps)
     dist.destroy_process_group()
     return seconds, _device_name(device)
+
+
+class PlainLoop:
+    """The plain PyTorch DDP loop: `DistributedDataParallel`, a `DistributedSampler` re-shuffled every epoch, Adam.
+
+    Fed the project's way (uint8 batches from the datamodule's tensors, normalised on the device) or, with
+    `tutorial`, the tutorials' way (torchvision's MNIST, `ToTensor()` and `Normalize()` per sample). Needs the
+    process group to exist.
+    """
+
+    def __init__(self, args: argparse.Namespace, device, tutorial: bool = False) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        from datamodules import MNISTDataModule
+        from datamodules.mnist import already_batched
+
+        self.datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+        if tutorial:
+            from torchvision import datasets, transforms
+
+            to_tensor = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+            dataset = datasets.MNIST(args.data_dir, train=True, transform=to_tensor)
+            collate = None
+        else:
+            self.datamodule.setup("fit")
+            dataset, collate = self.datamodule.train_set, already_batched
+        self.sampler = DistributedSampler(dataset, shuffle=True, seed=42)
+        self.loader = DataLoader(dataset, batch_size=args.batch_size, sampler=self.sampler, collate_fn=collate)
+        module = _model(args.model)
+        module.configure_model()  # the model's own speed settings (channels_last), as Lightning applies them
+        # The whole module, so that its forward lays the images out as the network wants (channels_last).
+        device_ids = [device.index] if device.type == "cuda" else None
+        self.model = DistributedDataParallel(module.to(device), device_ids=device_ids)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        self.device, self.tutorial, self.epoch, self.batches = device, tutorial, 0, iter(self.loader)
+
+    def time_steps(self, steps: int) -> float:
+        """Train `steps` steps; the wall time they took, the device synchronised at both ends."""
+        import torch.nn.functional as F
+
+        sync(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            images, targets = self._next_batch()
+            images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+            if not self.tutorial:
+                images, targets = self.datamodule.on_after_batch_transfer((images, targets), 0)
+            loss = F.cross_entropy(self.model(images), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        sync(self.device)
+        return time.perf_counter() - start
+
+    def _next_batch(self):
+        batch = next(self.batches, None)
+        if batch is None:  # a new epoch, re-shuffled
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)
+            self.batches = iter(self.loader)
+            batch = next(self.batches)
+        return batch
 
 
 if __name__ == "__main__":

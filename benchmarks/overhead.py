@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
 from lightning.pytorch import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks.ddp_paths import PlainLoop, sync  # noqa: E402
 
 KINDS = {
     "plain": "plain PyTorch DDP loop",
@@ -114,12 +114,6 @@ def run_worker(args: argparse.Namespace) -> None:
     close_process_group()  # as train.py does: see app/cli.py
 
 
-def sync(device: torch.device) -> None:
-    """Wait for the device to finish its queued work (a no-op on CPU), so that a chunk's time is all its own."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class Alternate(Callback):
     """After every chunk of Lightning steps, time a chunk of plain steps; switch the SIGTERM check every chunk.
 
@@ -149,54 +143,6 @@ class Alternate(Callback):
         self.sigterm_check.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
         sync(pl_module.device)
         self.start = time.perf_counter()
-
-
-class PlainLoop:
-    """The plain loop of `ddp_paths.py`, a chunk of steps at a time, beside the Lightning model."""
-
-    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-        from torch.utils.data import DataLoader, DistributedSampler
-
-        from benchmarks.ddp_paths import _model
-        from datamodules import MNISTDataModule
-        from datamodules.mnist import already_batched
-
-        self.datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
-        self.datamodule.setup("fit")
-        self.sampler = DistributedSampler(self.datamodule.train_set, shuffle=True, seed=42)
-        self.loader = DataLoader(
-            self.datamodule.train_set, batch_size=args.batch_size, sampler=self.sampler, collate_fn=already_batched
-        )
-        module = _model(args.model)
-        module.configure_model()
-        device_ids = [device.index] if device.type == "cuda" else None
-        self.model = DistributedDataParallel(module.to(device), device_ids=device_ids)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
-        self.device, self.epoch, self.batches = device, 0, iter(self.loader)
-
-    def time_steps(self, steps: int) -> float:
-        sync(self.device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            images, targets = self._next_batch()
-            images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-            images, targets = self.datamodule.on_after_batch_transfer((images, targets), 0)
-            loss = F.cross_entropy(self.model(images), targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-        sync(self.device)
-        return time.perf_counter() - start
-
-    def _next_batch(self):
-        batch = next(self.batches, None)
-        if batch is None:  # a new epoch, re-shuffled as Lightning does
-            self.epoch += 1
-            self.sampler.set_epoch(self.epoch)
-            self.batches = iter(self.loader)
-            batch = next(self.batches)
-        return batch
 
 
 if __name__ == "__main__":
