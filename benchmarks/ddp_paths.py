@@ -33,10 +33,8 @@ PATHS = ("lightning", "plain", "tutorial")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
-    parser.add_argument("--model", default="SeqNet", choices=["SeqNet", "ConvNet"])
+    add_data_arguments(parser)
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2], help="processes per job")
-    parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--steps", type=int, default=200, help="timed optimizer steps")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=3)
@@ -49,6 +47,27 @@ def main() -> None:
         run_worker(args)
     else:
         compare(args)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark script shares: where the data is, which model, the batch per process."""
+    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
+    parser.add_argument("--model", default="SeqNet", choices=["SeqNet", "ConvNet"])
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+
+
+def run_torchrun(devices: int, script: str, arguments: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `script arguments` as a torchrun job of `devices` processes on this machine, from the repository root.
+
+    Every process gets the same threads, from the start: cores / processes, what Lightning and torchrun would choose.
+    (Setting the count later, with torch.set_num_threads, gave other speeds on 2 cores.) `env` may override that.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}"]
+    threads = {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // devices))}
+    env = {**os.environ, **threads, **(env or {})}
+    subprocess.run(
+        [*command, script, *arguments], check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL, timeout=1800
+    )
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -66,17 +85,12 @@ def run_job(args: argparse.Namespace, path: str, devices: int, options: dict | N
     """One torchrun job of `devices` processes on `path`; `options` change the Lightning path (see lightning_loop)."""
     options = options or {}
     with tempfile.TemporaryDirectory() as out:
-        command = [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}"),
-            *(__file__, "--worker", path, "--out", out, "--data-dir", args.data_dir, "--model", args.model),
+        arguments = [
+            *("--worker", path, "--out", out, "--data-dir", args.data_dir, "--model", args.model),
             *("--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup)),
             *("--options", json.dumps(options)),
         ]
-        # The same threads per process on every path, from the start: cores / processes, what Lightning and
-        # torchrun would choose. (Setting the count later, with torch.set_num_threads, gave other speeds on 2 cores.)
-        threads = {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // devices))}
-        env = {**os.environ, **threads, **options.get("env", {})}
-        subprocess.run(command, check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL, timeout=1800)
+        run_torchrun(devices, __file__, arguments, options.get("env"))
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     seconds = max(rank["seconds"] for rank in ranks)
     samples = args.steps * args.batch_size * devices

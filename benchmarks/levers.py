@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ddp_paths import medians, run_job  # noqa: E402
+from benchmarks.ddp_paths import add_data_arguments, medians, run_job  # noqa: E402
 
 STRATEGY = "--trainer.strategy DDPStrategy --trainer.strategy."
 # name: (the train.py setting, the options of ddp_paths.lightning_loop that apply it)
@@ -33,10 +33,8 @@ LEVERS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
-    parser.add_argument("--model", default="SeqNet", choices=["SeqNet", "ConvNet"])
+    add_data_arguments(parser)
     parser.add_argument("--devices", type=int, default=2, help="processes")
-    parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--steps", type=int, default=200, help="timed optimizer steps")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (compilation happens there)")
     parser.add_argument("--rounds", type=int, default=3)

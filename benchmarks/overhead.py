@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,8 @@ from lightning.pytorch import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.ddp_paths import PlainLoop, sync  # noqa: E402
+from app.callbacks import SigtermCheck  # noqa: E402
+from benchmarks.ddp_paths import PlainLoop, add_data_arguments, run_torchrun, sync  # noqa: E402
 
 KINDS = {
     "plain": "plain PyTorch DDP loop",
@@ -37,10 +37,8 @@ KINDS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
-    parser.add_argument("--model", default="SeqNet", choices=["SeqNet", "ConvNet"])
+    add_data_arguments(parser)
     parser.add_argument("--devices", type=int, default=2, help="processes")
-    parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--chunk", type=int, default=10, help="steps per chunk")
     parser.add_argument("--chunks", type=int, default=30, help="Lightning chunks per job (as many plain ones)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed Lightning steps first")
@@ -58,14 +56,12 @@ def main() -> None:
 def run_job(args: argparse.Namespace) -> dict:
     """One torchrun job; returns rank 0's median ms per step of each kind, and the device."""
     with tempfile.TemporaryDirectory() as out:
-        command = [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.devices}"),
-            *(__file__, "--worker", "--out", out, "--data-dir", args.data_dir, "--model", args.model),
+        arguments = [
+            *("--worker", "--out", out, "--data-dir", args.data_dir, "--model", args.model),
             *("--batch-size", str(args.batch_size), "--chunk", str(args.chunk), "--chunks", str(args.chunks)),
             *("--warmup", str(args.warmup)),
         ]
-        threads = {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // args.devices))}  # as ddp_paths.run_job
-        subprocess.run(command, check=True, cwd=REPO, env={**os.environ, **threads}, stdout=subprocess.DEVNULL)
+        run_torchrun(args.devices, __file__, arguments)
         result = json.loads(Path(out, "rank0.json").read_text())
     print(f"round done: {json.dumps(result)}", file=sys.stderr)
     return result
@@ -90,7 +86,6 @@ def print_table(args: argparse.Namespace, rounds: list[dict]) -> None:
 def run_worker(args: argparse.Namespace) -> None:
     from lightning.pytorch.strategies import DDPStrategy
 
-    from app.callbacks import SigtermCheck
     from app.cli import close_process_group
     from benchmarks.bare_trainer import bare_trainer
     from benchmarks.ddp_paths import _device_name, _model
@@ -104,7 +99,6 @@ def run_worker(args: argparse.Namespace) -> None:
         max_steps=args.warmup + 2 * args.chunks * args.chunk,
         callbacks=[alternate],
     )
-    alternate.sigterm_check = next(c for c in trainer.callbacks if isinstance(c, SigtermCheck))
     datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
     trainer.fit(_model(args.model), datamodule=datamodule)
     if trainer.global_rank == 0:
@@ -121,12 +115,13 @@ class Alternate(Callback):
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args, self.sigterm_check = args, None
+        self.args = args
         self.chunks: dict[str, list[float]] = {kind: [] for kind in KINDS}
         self.steps, self.kind, self.start = 0, None, 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.plain = PlainLoop(self.args, pl_module.device)
+        self.sigterm_check = next(c for c in trainer.callbacks if isinstance(c, SigtermCheck))  # bare_trainer's
         self.default_every_n_steps = self.sigterm_check.every_n_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
