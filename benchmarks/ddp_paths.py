@@ -162,13 +162,17 @@ def _device_name(torch_device) -> str:
     return torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else "cpu"
 
 
-def _model(name: str, **options):
+def _model(name: str, adam: dict | None = None, **options):
+    """train.py's model with a constant learning rate, and its default optimizer (Adam, lr 0.01, fused) or, given
+    `adam`, Adam with lr 0.01 and those keyword arguments instead."""
     import torch
 
     from models import ConvNet, SeqNet
 
+    if adam is not None:
+        options["optimizer"] = lambda params: torch.optim.Adam(params, lr=0.01, **adam)
     model_class = {"SeqNet": SeqNet, "ConvNet": ConvNet}[name]
-    return model_class(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), one_cycle=False, **options)
+    return model_class(one_cycle=False, **options)
 
 
 def sync(device) -> None:
@@ -198,8 +202,9 @@ class StepTimer:
 
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     """The Lightning path. `--options` (JSON) may change it: "model" and "trainer" hold keyword arguments of the
-    model class and the Trainer, "strategy" those of `DDPStrategy`, "sigterm_every_n_steps" sets train.py's
-    `--sigterm_check.every_n_steps` (and `run_job` puts "env" in the environment)."""
+    model class and the Trainer, "strategy" those of `DDPStrategy`, "adam" those of Adam (instead of the model's
+    default optimizer), "sigterm_every_n_steps" sets train.py's `--sigterm_check.every_n_steps` (and `run_job` puts
+    "env" in the environment)."""
     from lightning.pytorch import Callback
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -226,7 +231,7 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
         **options.get("trainer", {}),
     )
     datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
-    trainer.fit(_model(args.model, **options.get("model", {})), datamodule=datamodule)
+    trainer.fit(_model(args.model, options.get("adam"), **options.get("model", {})), datamodule=datamodule)
     seconds = timing.timer.seconds()
     close_process_group()  # as train.py does: see app/cli.py
     return seconds, _device_name(trainer.strategy.root_device)
@@ -253,7 +258,8 @@ def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
 
 
 class PlainLoop:
-    """The plain PyTorch DDP loop: `DistributedDataParallel`, a `DistributedSampler` re-shuffled every epoch, Adam.
+    """The plain PyTorch DDP loop: `DistributedDataParallel`, a `DistributedSampler` re-shuffled every epoch, and
+    the model's optimizer.
 
     Fed the project's way (uint8 batches from the datamodule's tensors, normalised on the device) or, with
     `tutorial`, the tutorials' way (torchvision's MNIST, `ToTensor()` and `Normalize()` per sample). Needs the
@@ -261,7 +267,6 @@ class PlainLoop:
     """
 
     def __init__(self, args: argparse.Namespace, device, tutorial: bool = False) -> None:
-        import torch
         from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import DataLoader, DistributedSampler
 
@@ -285,7 +290,7 @@ class PlainLoop:
         # The whole module, so that its forward lays the images out as the network wants (channels_last).
         device_ids = [device.index] if device.type == "cuda" else None
         self.model = DistributedDataParallel(module.to(device), device_ids=device_ids)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        self.optimizer = module.optimizer(self.model.parameters())  # the model's own: Adam, lr 0.01, fused
         self.device, self.tutorial, self.epoch, self.batches = device, tutorial, 0, iter(self.loader)
 
     def time_steps(self, steps: int) -> float:

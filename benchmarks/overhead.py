@@ -8,18 +8,27 @@ one run to the next, more than the difference it should show. Here one torchrun 
 down slows both. Every other Lightning chunk checks for SIGTERM before every step, as Lightning does by itself
 (`--sigterm_check.every_n_steps 1`). The median chunk of each kind gives ms per step.
 
+A second table splits the step: the work both paths share (the model's forward, the loss, autograd's backward with
+DDP's all-reduce, Adam's update, building and normalising the batch) is timed where each path calls it; the rest
+is each loop's own code with what it calls around that work (DDP's forward wrapper, the optimizer's step wrapper,
+the DataLoader's iteration). On a GPU these are host times: the device is not synchronised around each piece.
+
     python benchmarks/overhead.py --data-dir ../shared/datasets --model SeqNet --devices 2 --batch-size 64
 """
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,11 +36,23 @@ sys.path.insert(0, str(REPO))
 
 from app.callbacks import SigtermCheck  # noqa: E402
 from benchmarks.ddp_paths import PlainLoop, add_data_arguments, run_torchrun, sync  # noqa: E402
+from datamodules import MNISTDataModule  # noqa: E402
+from datamodules.mnist import BatchedTensorDataset  # noqa: E402
+from models.base import ImageClassifier  # noqa: E402
 
 KINDS = {
     "plain": "plain PyTorch DDP loop",
     "lightning": "Lightning, train.py's defaults",
     "lightning_sigterm_every_step": "Lightning, `--sigterm_check.every_n_steps 1`",
+}
+# The work both paths share, as (owner, attribute): each path reaches it through that attribute.
+SHARED_WORK = {
+    "forward": (ImageClassifier, "forward"),
+    "loss": (torch.nn.functional, "cross_entropy"),
+    "backward": (torch.autograd, "backward"),  # Tensor.backward calls it; DDP's all-reduce runs inside
+    "Adam": (importlib.import_module("torch.optim.adam"), "adam"),  # Adam.step's update, after the closure
+    "batch": (BatchedTensorDataset, "__getitems__"),
+    "normalise": (MNISTDataModule, "on_after_batch_transfer"),
 }
 
 
@@ -78,6 +99,13 @@ def print_table(args: argparse.Namespace, rounds: list[dict]) -> None:
         per_job = [r["plain"] / r[kind] for r in rounds]
         ms = statistics.median(r[kind] for r in rounds)
         print(f"| {label} | {ms:.2f} | {', '.join(f'{x:.2f}' for x in per_job)} | {statistics.median(per_job):.2f} |")
+    print("\nWhere a step's time goes, ms per step (means over each job, medians over jobs)")
+    print(f"| path | step | {' | '.join(SHARED_WORK)} | rest |")
+    print(f"| --- | --- | {' | '.join('---' for _ in SHARED_WORK)} | --- |")
+    for kind, label in KINDS.items():
+        parts = ["step", *SHARED_WORK, "rest"]
+        ms = [statistics.median(r["phases"][kind][part] for r in rounds) for part in parts]
+        print(f"| {label} | {' | '.join(f'{x:.2f}' for x in ms)} |")
 
 
 # ---------------------------------------------------------------- inside each torchrun process
@@ -102,7 +130,9 @@ def run_worker(args: argparse.Namespace) -> None:
     datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
     trainer.fit(_model(args.model), datamodule=datamodule)
     if trainer.global_rank == 0:
-        result = {kind: 1000 * statistics.median(seconds) / args.chunk for kind, seconds in alternate.chunks.items()}
+        chunks = alternate.chunks.items()
+        result = {kind: 1000 * statistics.median(seconds) / args.chunk for kind, seconds in chunks}
+        result["phases"] = {kind: alternate.clock.ms_per_step(kind, seconds, args.chunk) for kind, seconds in chunks}
         result["device"] = _device_name(trainer.strategy.root_device)
         Path(args.out, "rank0.json").write_text(json.dumps(result))
     close_process_group()  # as train.py does: see app/cli.py
@@ -118,6 +148,7 @@ class Alternate(Callback):
         self.args = args
         self.chunks: dict[str, list[float]] = {kind: [] for kind in KINDS}
         self.steps, self.kind, self.start = 0, None, 0.0
+        self.clock = SharedWorkClock()
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.plain = PlainLoop(self.args, pl_module.device)
@@ -132,12 +163,50 @@ class Alternate(Callback):
         if self.kind is not None:
             sync(pl_module.device)
             self.chunks[self.kind].append(time.perf_counter() - self.start)
+            self.clock.kind = "plain"
             self.chunks["plain"].append(self.plain.time_steps(self.args.chunk))
         chunk_index = since_warmup // self.args.chunk
         self.kind = "lightning" if chunk_index % 2 == 0 else "lightning_sigterm_every_step"
+        self.clock.kind = self.kind
         self.sigterm_check.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
         sync(pl_module.device)
         self.start = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.clock.kind = None  # the last chunk, cut short by max_steps, is not counted
+
+
+class SharedWorkClock:
+    """Wraps each entry of SHARED_WORK with a timer that adds its wall time to the chunk kind running now.
+
+    The first of a Lightning chunk's steps is fetched in the step before it (Lightning prefetches one batch), so a
+    chunk's `batch` time is that of the steps fetched during it: the same number.
+    """
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.seconds: dict[str, Counter] = {kind: Counter() for kind in KINDS}
+        for name, (owner, attribute) in SHARED_WORK.items():
+            setattr(owner, attribute, self._timed(name, getattr(owner, attribute)))
+
+    def _timed(self, name: str, function):
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            kind, start = self.kind, time.perf_counter()
+            result = function(*args, **kwargs)
+            if kind is not None:
+                self.seconds[kind][name] += time.perf_counter() - start
+            return result
+
+        return timed
+
+    def ms_per_step(self, kind: str, chunk_seconds: list[float], chunk: int) -> dict[str, float]:
+        """Mean ms per step of the whole step, of each piece of shared work, and of the rest."""
+        steps = len(chunk_seconds) * chunk
+        ms = {name: 1000 * self.seconds[kind][name] / steps for name in SHARED_WORK}
+        ms["step"] = 1000 * sum(chunk_seconds) / steps
+        ms["rest"] = ms["step"] - sum(ms[name] for name in SHARED_WORK)
+        return ms
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def main() -> None:
         clock = FitClock()
         trainer = bare_trainer(accelerator=args.accelerator, devices=args.devices, max_epochs=epochs, callbacks=[clock])
         datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
-        model = model_class(optimizer=lambda params: torch.optim.Adam(params, lr=args.lr))
+        model = model_class(optimizer=lambda params: torch.optim.Adam(params, lr=args.lr, fused=True))
         trainer.fit(model, datamodule=datamodule)
         (results,) = trainer.test(model, datamodule=datamodule, verbose=False)
         reached = results["test/acc"] >= args.target

@@ -62,6 +62,12 @@ def test_overrides_and_shortcuts_reach_the_config_and_round_trip(capsys, tmp_pat
     assert print_config(capsys, "--config", str(saved)) == config
 
 
+def test_default_optimizer_is_the_fused_adam_also_with_another_learning_rate(capsys):
+    optimizer = print_config(capsys, "--model.optimizer.lr", "0.02")["model"]["init_args"]["optimizer"]
+    assert optimizer["class_path"] == "torch.optim.Adam"
+    assert (optimizer["init_args"]["lr"], optimizer["init_args"]["fused"]) == (0.02, True)
+
+
 def test_defaults_are_seqnet_on_fashion_mnist_with_ddp(capsys):
     config = print_config(capsys)
     assert config["model"]["class_path"] == "models.SeqNet"
