@@ -47,7 +47,7 @@ class SigtermCheck(Callback):
     Under DDP, Lightning (2.5 and 2.6) broadcasts a flag from rank 0 before every training step and reads it back
     with `.item()`, so that all ranks stop together when rank 0 alone is told to stop. That is one more collective
     per step, which holds every rank until the slowest arrives, and on a GPU a host-device synchronisation per step:
-    on 2 CPU processes it cost 1.7-3.8 ms a step, 7-19% of the step (benchmarks/README.md). Checking every n steps
+    on 2 CPU processes it cost 0.3-3.8 ms a step, 4-19% of the step (benchmarks/README.md). Checking every n steps
     keeps the guarantee with at most n-1 steps of delay. Every rank decides from its count of batches, which is the
     same on all ranks, so all of them take part in the same broadcasts. (SLURM, torchrun and Lightning's launcher
     signal every process anyway.) Lightning PR #21640 proposes this as a Trainer argument.

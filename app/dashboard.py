@@ -39,7 +39,13 @@ class Dashboard(Callback):
             for writer in _tensorboard_writers(trainer):
                 writer.add_graph(pl_module, example)
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start_interval()  # a run resumed in the middle of an epoch gets no on_train_epoch_start first
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start_interval()  # the time between epochs (validation, checkpoints) is not training speed
+
+    def _start_interval(self) -> None:
         self._interval_start, self._interval_steps = time.perf_counter(), 0
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
@@ -50,7 +56,7 @@ class Dashboard(Callback):
         samples = self._interval_steps * len(batch[0]) * trainer.world_size
         speed = {"perf/samples_per_s": samples / seconds, "perf/step_ms": 1000 * seconds / self._interval_steps}
         pl_module.log_dict(speed, prog_bar=True, rank_zero_only=True)
-        self._interval_start, self._interval_steps = time.perf_counter(), 0
+        self._start_interval()
 
     def on_validation_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:

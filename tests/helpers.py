@@ -137,6 +137,19 @@ class RecordPid(Callback):
         (folder / f"rank{trainer.global_rank}").write_text(str(os.getpid()))
 
 
+class CheckpointAndKillAtStep(Callback):
+    """Test instrument: what a pre-empted job leaves behind. After training step `step`, the process writes
+    `last.ckpt` into its run's checkpoint folder, in the middle of the epoch, and SIGKILLs itself. One process."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(Path(trainer.log_dir) / "checkpoints" / "last.ckpt")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class KillRankOnce(Callback):
     """Test instrument: the process of global rank `rank` SIGKILLs itself in the middle of epoch `epoch`, once per
     job: it leaves a file `killed` in the default root folder first, and a restarted job finds it there."""

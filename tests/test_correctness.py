@@ -6,6 +6,7 @@
 - The same seed and configuration give identical results.
 """
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,23 @@ def test_a_run_resumed_with_ckpt_path_last_ends_like_an_uninterrupted_run(data_d
     assert final(resumed)["epoch"] == final(uninterrupted)["epoch"] == 2
     assert max_difference(final(uninterrupted)["state_dict"], final(resumed)["state_dict"]) == 0.0
     assert scalars(resumed)["val/acc"] == scalars(uninterrupted)["val/acc"]  # one curve over the three epochs
+
+
+def test_a_run_killed_in_the_middle_of_an_epoch_resumes_from_its_checkpoint_and_finishes(data_dir, tmp_path):
+    """A pre-empted job (a SLURM requeue, a spot instance) leaves a checkpoint written in the middle of an epoch; the
+    restarted job resumes inside that epoch, where Lightning skips `on_train_epoch_start`."""
+    argv = (*COMMON, "--data.data_dir", str(data_dir), "--data.batch_size", "50", "--trainer.max_epochs", "2")
+    argv += ("--trainer.default_root_dir", str(tmp_path), "--trainer.log_every_n_steps", "2")
+    killed = run_train(
+        *argv, "--trainer.callbacks+=tests.helpers.CheckpointAndKillAtStep", "--trainer.callbacks.step", "7"
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 7  # of the first epoch's 20
+
+    resumed = run_train(*argv, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"--ckpt_path last: resuming from {last}" in resumed.stdout + resumed.stderr
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 40
+    assert len(scalars(run_dir)["perf/step_ms"]) >= 16  # the dashboard's speed, every 2 steps, after the resume too
