@@ -83,5 +83,8 @@ def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_chec
 
     assert [path.name for path in run_dir.parent.iterdir()] == ["version_0"]  # the requeued job continued the run
     assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 11
-    assert len(scalars(run_dir)["val/acc"]) >= 12  # an epoch cut short by the requeue may be validated twice
+    # 12 epochs, each validated once, but for the epoch whose end the signal caught: when it lands after the
+    # epoch's validation ran and before its figures were logged, Lightning resumes at the epoch's end and does not
+    # validate it again.
+    assert len(scalars(run_dir)["val/acc"]) >= 11
     assert output.count("Finished: test/acc") == 1
