@@ -247,7 +247,7 @@ def plain_loop(args: argparse.Namespace) -> tuple[float, str]:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl")
     else:
-        device = torch.device("cpu")  # threads: OMP_NUM_THREADS, set by run_job
+        device = torch.device("cpu")  # threads: OMP_NUM_THREADS, set by run_torchrun
         dist.init_process_group("gloo")
     torch.manual_seed(42)
     loop = PlainLoop(args, device, tutorial=args.worker == "tutorial")

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.callbacks import SigtermCheck  # noqa: E402
-from benchmarks.ddp_paths import PlainLoop, add_data_arguments, run_torchrun, sync  # noqa: E402
+from benchmarks.ddp_paths import PlainLoop, _device_name, _model, add_data_arguments, run_torchrun, sync  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from datamodules.mnist import BatchedTensorDataset  # noqa: E402
 from models.base import ImageClassifier  # noqa: E402
@@ -116,8 +116,6 @@ def run_worker(args: argparse.Namespace) -> None:
 
     from app.cli import close_process_group
     from benchmarks.bare_trainer import bare_trainer
-    from benchmarks.ddp_paths import _device_name, _model
-    from datamodules import MNISTDataModule
 
     alternate = Alternate(args)
     trainer = bare_trainer(
