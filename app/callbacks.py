@@ -1,8 +1,14 @@
 """Callbacks the training program adds to every run."""
 
+from pathlib import Path
+from types import FrameType
+
+import torch
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 class GlobalBatchInfo(Callback):
@@ -39,34 +45,84 @@ class GlobalBatchInfo(Callback):
 
 
 class SigtermCheck(Callback):
-    """Ask whether rank 0 received SIGTERM every `every_n_steps` training steps instead of before every step.
+    """Stop every rank at the same step when a process receives SIGTERM, and leave a checkpoint to continue from.
 
     Args:
-        every_n_steps: Steps between two checks; 1 is Lightning's own behaviour.
+        every_n_steps: Training steps between two checks; each check is one all-reduce of a flag. With 1 the ranks
+            compare flags before every step, as often as Lightning does by itself.
 
-    Under DDP, Lightning (2.5 and 2.6) broadcasts a flag from rank 0 before every training step and reads it back
-    with `.item()`, so that all ranks stop together when rank 0 alone is told to stop. That is one more collective
-    per step, which holds every rank until the slowest arrives, and on a GPU a host-device synchronisation per step:
-    on 2 CPU processes it cost 0.3-3.8 ms a step, 4-19% of the step (benchmarks/README.md). Checking every n steps
-    keeps the guarantee with at most n-1 steps of delay. Every rank decides from its count of batches, which is the
-    same on all ranks, so all of them take part in the same broadcasts. (SLURM, torchrun and Lightning's launcher
-    signal every process anyway.) Lightning PR #21640 proposes this as a Trainer argument.
+    `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped all send SIGTERM. Lightning (2.5, 2.6)
+    handles it badly under DDP. Its signal handler broadcasts a flag from rank 0: when the signal finds rank 0
+    running Python and another rank blocked in a collective (the sync of the epoch's metrics), the broadcast and
+    that collective never match, and the job hangs until the process-group timeout, 30 minutes. And its training
+    loop broadcasts rank 0's flag before every step and reads it back with `.item()`: one collective and, on a GPU,
+    one host-device synchronisation per step, 4-19% of a step on 2 CPU processes (benchmarks/README.md).
+
+    Here the handler only records the signal, and passes it on to the processes Lightning's launcher started, as
+    Lightning does. The ranks compare their flags with one all-reduce every `every_n_steps` training steps and at
+    the end of each training epoch, points that every rank reaches at the same step, whichever rank was signalled.
+    When one was, all raise Lightning's SIGTERMException there, which train.py turns into exit status 143
+    (128 + SIGTERM). At an epoch's end `last.ckpt` is saved first. In the middle of an epoch nothing is saved:
+    the checkpoint could not say which batches the epoch's DataLoader had already given, so a resumed epoch would
+    see some samples twice and others never (Lightning warns of it). `--ckpt_path last` continues from the last
+    finished epoch instead. A signal that arrives after training (during the test) lets that short stage finish.
     """
 
     def __init__(self, every_n_steps: PositiveInt = 50) -> None:
         self.every_n_steps = every_n_steps
+        self.received = False
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning installs its handler after `setup`, from the connector's attribute: this one takes its place.
+        trainer._signal_connector._sigterm_notifier_fn = self._record_sigterm
+        self._trainer = trainer
+
+    def _record_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: no collective, and no printing (a handler that writes to a stream the program was
+        writing to when the signal came fails with "reentrant call")."""
+        launcher = self._trainer.strategy.launcher  # only in the process that started the others
+        if launcher is not None and not self.received:
+            launcher.kill(signum)
+        self.received = True
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loop = trainer.fit_loop.epoch_loop
-        check = getattr(type(loop), "_broadcast_sigterm_tensor", None)  # absent before Lightning 2.5
-        if check is None or self.every_n_steps == 1:
-            return
+        if hasattr(loop, "_broadcast_sigterm_tensor"):  # Lightning's per-step check, absent before 2.5
+            loop._broadcast_sigterm_tensor = lambda: None
 
-        def check_every_n_steps() -> None:
-            if loop.batch_progress.total.ready % self.every_n_steps == 0:  # batches fetched so far, on every rank
-                check(loop)
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # the same on every rank, kept on resume
+        if batches % self.every_n_steps == 0 and self._any_rank_received_sigterm(trainer):
+            self._stop(trainer, f"in epoch {trainer.current_epoch}, after step {trainer.global_step}")
 
-        loop._broadcast_sigterm_tensor = check_every_n_steps
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._any_rank_received_sigterm(trainer):
+            path = last_checkpoint_path(trainer)
+            if path is not None:  # what ModelCheckpoint writes at this point, when it runs after this callback
+                trainer.save_checkpoint(path, weights_only=False)
+            self._stop(trainer, f"at the end of epoch {trainer.current_epoch}")
+
+    def _any_rank_received_sigterm(self, trainer: Trainer) -> bool:
+        flag = torch.tensor([int(self.received)], device=trainer.strategy.root_device)
+        return trainer.strategy.reduce(flag, reduce_op="sum").item() > 0
+
+    def _stop(self, trainer: Trainer, where: str) -> None:
+        path = last_checkpoint_path(trainer)
+        if path is not None and path.exists():
+            how = f"{path} holds the last finished epoch: continue with --ckpt_path last"
+        else:
+            how = "no epoch had finished, so there is no checkpoint to continue from"
+        rank_zero_info(f"Stopped by SIGTERM {where}; {how}")
+        raise SIGTERMException
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
+        vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
+
+
+def last_checkpoint_path(trainer: Trainer) -> Path | None:
+    """Where train.py's `last_checkpoint` callback writes `last.ckpt`; None with checkpointing turned off."""
+    for callback in trainer.checkpoint_callbacks:
+        if callback.filename == ModelCheckpoint.CHECKPOINT_NAME_LAST and callback.dirpath:
+            return Path(callback.dirpath) / f"{callback.filename}{callback.FILE_EXTENSION}"
+    return None

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import signal
 import sys
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
@@ -14,6 +15,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import GlobalBatchInfo, SigtermCheck
 from app.checkpoint_io import AtomicCheckpointIO
@@ -297,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         message = describe(error)
         rank = rank_zero_only.rank
         sys.exit(f"error: {message}" if rank == 0 else f"error (rank {rank}): {message}")
+    except SIGTERMException:  # every rank stopped at the same step (app/callbacks.py: SigtermCheck)
+        sys.exit(128 + signal.SIGTERM)  # what shells, torchrun and SLURM read as "ended by SIGTERM"
     finally:
         close_process_group()
 

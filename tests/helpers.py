@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,3 +165,27 @@ class KillRankOnce(Callback):
         if here and not marker.exists():
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SigtermAfterStep(Callback):
+    """Test instrument: the process of global rank `rank` sends itself SIGTERM after training step `step`, as
+    `kill`, a container runtime or a scheduler would."""
+
+    def __init__(self, rank: int = 0, step: int = 1) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if (trainer.global_rank, trainer.global_step) == (self.rank, self.step):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigtermWhileOthersWait(Callback):
+    """Test instrument: at the end of the first validation, rank 0 waits until the other ranks are blocked in the
+    next collective (the sync of the epoch's metrics), then sends itself SIGTERM: the signal finds one rank running
+    Python and the others inside a collective, where their handlers cannot run."""
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
+            time.sleep(2)
+            os.kill(os.getpid(), signal.SIGTERM)

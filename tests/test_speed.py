@@ -22,8 +22,8 @@ def host_reads_of_a_fit(out_dir, argv: list[str]) -> dict[str, list[str]]:
 def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_dir, tmp_path):
     """Under DDP, on every rank: reads at setup and teardown are fine; the count must not grow with the steps.
 
-    Lightning itself reads a flag back before every step under DDP (whether rank 0 got SIGTERM);
-    `--sigterm_check.every_n_steps` (50) makes that every 50 steps: once in either run here.
+    Lightning itself reads a flag back before every step under DDP (whether rank 0 got SIGTERM); train.py's ranks
+    compare theirs every `--sigterm_check.every_n_steps` (50) steps and at the epoch's end: once in either run here.
     """
     argv = [
         *("--model", "ConvNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),
