@@ -1,5 +1,6 @@
 """Callbacks the training program adds to every run."""
 
+import signal
 from pathlib import Path
 from types import FrameType
 
@@ -45,45 +46,54 @@ class GlobalBatchInfo(Callback):
 
 
 class SigtermCheck(Callback):
-    """Stop every rank at the same step when a process receives SIGTERM, and leave a checkpoint to continue from.
+    """Act on SIGTERM, and on SLURM's requeue signal, at a step where every rank acts together.
 
     Args:
-        every_n_steps: Training steps between two checks; each check is one all-reduce of a flag. With 1 the ranks
-            compare flags before every step, as often as Lightning does by itself.
+        every_n_steps: Training steps between two checks; each check is one all-reduce of two flags. With 1 the
+            ranks compare flags before every step, as often as Lightning does by itself.
 
-    `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped all send SIGTERM. Lightning (2.5, 2.6)
-    handles it badly under DDP. Its signal handler broadcasts a flag from rank 0: when the signal finds rank 0
-    running Python and another rank blocked in a collective (the sync of the epoch's metrics), the broadcast and
-    that collective never match, and the job hangs until the process-group timeout, 30 minutes. And its training
-    loop broadcasts rank 0's flag before every step and reads it back with `.item()`: one collective and, on a GPU,
-    one host-device synchronisation per step, 4-19% of a step on 2 CPU processes (benchmarks/README.md).
+    `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped all send SIGTERM; SLURM sends SIGUSR1
+    (`--signal` in scripts/train.sbatch) before pre-empting a job. Lightning (2.5, 2.6) runs collectives inside
+    its signal handlers: a broadcast for SIGTERM, a checkpoint save with its barrier for SIGUSR1. A handler runs
+    when its process next executes Python, so when the signal finds one rank in Python and another blocked in a
+    collective (a step's gradient all-reduce, the sync of the epoch's metrics), the two collectives never match,
+    and the job hangs until the process-group timeout, 30 minutes. Lightning's training loop also broadcasts rank
+    0's SIGTERM flag before every step and reads it back with `.item()`: one collective and, on a GPU, one
+    host-device synchronisation per step, 4-19% of a step on 2 CPU processes (benchmarks/README.md).
 
-    Here the handler only records the signal, and passes it on to the processes Lightning's launcher started, as
-    Lightning does. The ranks compare their flags with one all-reduce every `every_n_steps` training steps and at
-    the end of each training epoch, points that every rank reaches at the same step, whichever rank was signalled.
-    When one was, all raise Lightning's SIGTERMException there, which train.py turns into exit status 143
-    (128 + SIGTERM). At an epoch's end `last.ckpt` is saved first. In the middle of an epoch nothing is saved:
-    the checkpoint could not say which batches the epoch's DataLoader had already given, so a resumed epoch would
-    see some samples twice and others never (Lightning warns of it). `--ckpt_path last` continues from the last
-    finished epoch instead. A signal that arrives after training (during the test) lets that short stage finish.
+    Here the handlers only record the signal (and SIGTERM is passed on to the processes Lightning's launcher
+    started, as Lightning does). The ranks compare their flags with one all-reduce every `every_n_steps` training
+    steps and at the end of each training epoch, points that every rank reaches at the same step, whichever rank
+    was signalled. After SIGUSR1 all of them run Lightning's requeue there: save `hpc_ckpt_N.ckpt`, and rank 0
+    asks SLURM to requeue the job, which SLURM then stops with SIGTERM. After SIGTERM all raise Lightning's
+    SIGTERMException, which train.py turns into exit status 143 (128 + SIGTERM). At an epoch's end `last.ckpt` is
+    saved first. In the middle of an epoch nothing is saved: the checkpoint could not say which batches the
+    epoch's DataLoader had already given, so a resumed epoch would see some samples twice and others never
+    (Lightning warns of it). `--ckpt_path last` continues from the last finished epoch instead. A signal that
+    arrives after training (during the test) lets that short stage finish.
     """
 
     def __init__(self, every_n_steps: PositiveInt = 50) -> None:
         self.every_n_steps = every_n_steps
-        self.received = False
+        self.sigterm = False
+        self.requeue = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Lightning installs its handler after `setup`, from the connector's attribute: this one takes its place.
+        # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
         trainer._signal_connector._sigterm_notifier_fn = self._record_sigterm
+        trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
         self._trainer = trainer
 
+    # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
+    # when the signal came fails with "reentrant call").
     def _record_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        """The signal handler: no collective, and no printing (a handler that writes to a stream the program was
-        writing to when the signal came fails with "reentrant call")."""
         launcher = self._trainer.strategy.launcher  # only in the process that started the others
-        if launcher is not None and not self.received:
+        if launcher is not None and not self.sigterm:
             launcher.kill(signum)
-        self.received = True
+        self.sigterm = True
+
+    def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requeue = True
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loop = trainer.fit_loop.epoch_loop
@@ -92,32 +102,36 @@ class SigtermCheck(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # the same on every rank, kept on resume
-        if batches % self.every_n_steps == 0 and self._any_rank_received_sigterm(trainer):
-            self._stop(trainer, f"in epoch {trainer.current_epoch}, after step {trainer.global_step}")
+        if batches % self.every_n_steps == 0:
+            self._act_on_signals(trainer, at_epoch_end=False)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._any_rank_received_sigterm(trainer):
-            path = last_checkpoint_path(trainer)
-            if path is not None:  # what ModelCheckpoint writes at this point, when it runs after this callback
-                trainer.save_checkpoint(path, weights_only=False)
-            self._stop(trainer, f"at the end of epoch {trainer.current_epoch}")
+        self._act_on_signals(trainer, at_epoch_end=True)
 
-    def _any_rank_received_sigterm(self, trainer: Trainer) -> bool:
-        flag = torch.tensor([int(self.received)], device=trainer.strategy.root_device)
-        return trainer.strategy.reduce(flag, reduce_op="sum").item() > 0
-
-    def _stop(self, trainer: Trainer, where: str) -> None:
+    def _act_on_signals(self, trainer: Trainer, at_epoch_end: bool) -> None:
+        flags = torch.tensor([self.sigterm, self.requeue], dtype=torch.int32, device=trainer.strategy.root_device)
+        sigterm, requeue = (trainer.strategy.reduce(flags, reduce_op="sum") > 0).tolist()  # from any rank
+        if requeue:
+            self.requeue = False
+            connector = trainer._signal_connector
+            type(connector)._slurm_sigusr_handler_fn(connector, signal.SIGUSR1, None)  # Lightning's own requeue
+        if not sigterm:
+            return
         path = last_checkpoint_path(trainer)
+        if at_epoch_end and path is not None:  # what ModelCheckpoint writes here, when it runs after this callback
+            trainer.save_checkpoint(path, weights_only=False)
         if path is not None and path.exists():
             how = f"{path} holds the last finished epoch: continue with --ckpt_path last"
         else:
             how = "no epoch had finished, so there is no checkpoint to continue from"
-        rank_zero_info(f"Stopped by SIGTERM {where}; {how}")
+        when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
+        rank_zero_info(f"Stopped by SIGTERM in epoch {trainer.current_epoch}, {when}; {how}")
         raise SIGTERMException
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
+        vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path | None:
