@@ -138,5 +138,5 @@ def last_checkpoint_path(trainer: Trainer) -> Path | None:
     """Where train.py's `last_checkpoint` callback writes `last.ckpt`; None with checkpointing turned off."""
     for callback in trainer.checkpoint_callbacks:
         if callback.filename == ModelCheckpoint.CHECKPOINT_NAME_LAST and callback.dirpath:
-            return Path(callback.dirpath) / f"{callback.filename}{callback.FILE_EXTENSION}"
+            return Path(callback.format_checkpoint_name({}))  # ModelCheckpoint's own naming: dirpath/last.ckpt
     return None
