@@ -1,13 +1,12 @@
 """What the TensorBoard dashboard shows besides the metrics the model logs: speed, samples, confusion, graph."""
 
-import math
 import time
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
-from matplotlib.figure import Figure
 
+from app.drawing import confusion_picture, sample_grid
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
@@ -68,8 +67,8 @@ class Dashboard(Callback):
             for label, accuracy in enumerate(per_class.tolist()):
                 writer.add_scalar(f"val/acc_class_{label}", accuracy, trainer.global_step)
             if due:
-                figure = self._samples_figure(trainer.datamodule, pl_module)
-                writer.add_figure("val/samples", figure, trainer.global_step)
+                grid = self._sample_grid(trainer.datamodule, pl_module)
+                writer.add_image("val/samples", grid, trainer.global_step, dataformats="HWC")
                 self._add_confusion(writer, trainer, pl_module, "val")
 
     def on_test_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
@@ -78,14 +77,12 @@ class Dashboard(Callback):
                 self._add_confusion(writer, trainer, pl_module, "test")
 
     def _add_confusion(self, writer, trainer: Trainer, pl_module: ImageClassifier, stage: str) -> None:
-        confusion = pl_module.val_confusion if stage == "val" else pl_module.test_confusion
-        figure, _axes = confusion.plot(val=pl_module.confusion_matrices[stage], labels=trainer.datamodule.class_names)
-        figure.set_size_inches(7, 7)
-        writer.add_figure(f"{stage}/confusion_matrix", figure, trainer.global_step)
+        picture = confusion_picture(pl_module.confusion_matrices[stage], trainer.datamodule.class_names)
+        writer.add_image(f"{stage}/confusion_matrix", picture, trainer.global_step, dataformats="HWC")
 
     @torch.no_grad()
-    def _samples_figure(self, datamodule: MNISTDataModule, pl_module: LightningModule) -> Figure:
-        """The first validation images, predicted by the model as it is now; mistakes first, titled in red."""
+    def _sample_grid(self, datamodule: MNISTDataModule, pl_module: LightningModule):
+        """The first validation images, predicted by the model as it is now; mistakes first, labelled in red."""
         images, targets = datamodule.val_set[:SAMPLE_POOL]
         inputs, _ = datamodule.on_after_batch_transfer((images.to(pl_module.device), targets), 0)
         was_training = pl_module.training
@@ -93,22 +90,10 @@ class Dashboard(Callback):
         predictions = pl_module(inputs).argmax(dim=1).cpu()
         pl_module.train(was_training)
         shown = torch.argsort((predictions == targets).int(), stable=True)[: self.num_images]
-
         names = datamodule.class_names
-        columns = 8
-        rows = math.ceil(len(shown) / columns)
-        figure = Figure(figsize=(1.4 * columns, 1.6 * rows))
-        for position, index in enumerate(shown.tolist(), start=1):
-            axes = figure.add_subplot(rows, columns, position)
-            axes.imshow(images[index].numpy(), cmap="gray")
-            axes.set_axis_off()
-            predicted, true = names[predictions[index]], names[targets[index]]
-            if predicted == true:
-                axes.set_title(predicted, fontsize=9)
-            else:
-                axes.set_title(f"{predicted} (true {true})", fontsize=9, color="red")
-        figure.tight_layout()
-        return figure
+        predicted = [names[k] for k in predictions[shown].tolist()]
+        true = [names[k] for k in targets[shown].tolist()]
+        return sample_grid(images[shown], predicted, true)
 
 
 def _tensorboard_writers(trainer: Trainer) -> list:
