@@ -202,9 +202,9 @@ class StepTimer:
 
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     """The Lightning path. `--options` (JSON) may change it: "model" and "trainer" hold keyword arguments of the
-    model class and the Trainer, "strategy" those of `DDPStrategy`, "adam" those of Adam (instead of the model's
-    default optimizer), "sigterm_every_n_steps" sets train.py's `--sigterm_check.every_n_steps` (and `run_job` puts
-    "env" in the environment)."""
+    model class and the Trainer, "strategy" those of `DDPStrategy`, "data" those of the datamodule, "adam" those of
+    Adam (instead of the model's default optimizer), "sigterm_every_n_steps" sets train.py's
+    `--sigterm_check.every_n_steps` (and `run_job` puts "env" in the environment)."""
     from lightning.pytorch import Callback
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -230,7 +230,9 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
         sigterm_every_n_steps=options.get("sigterm_every_n_steps", 50),
         **options.get("trainer", {}),
     )
-    datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+    datamodule = MNISTDataModule(
+        dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size, **options.get("data", {})
+    )
     trainer.fit(_model(args.model, options.get("adam"), **options.get("model", {})), datamodule=datamodule)
     seconds = timing.timer.seconds()
     close_process_group()  # as train.py does: see app/cli.py

@@ -91,7 +91,7 @@ def main() -> None:
 def commands(args: argparse.Namespace, row: Row, processes: int) -> dict[str, list[str]]:
     """The commands of one row, by program, in the order they run."""
     train = [
-        *(sys.executable, str(REPO / "train.py"), *row.train, "--data.data_dir", args.data_dir),
+        *(sys.executable, str(REPO / "train.py"), *map(in_repo, row.train), "--data.data_dir", args.data_dir),
         *("--devices", str(processes), "--trainer.accelerator", args.accelerator),
     ]
     if row.tutorial is None:
@@ -101,6 +101,11 @@ def commands(args: argparse.Namespace, row: Row, processes: int) -> dict[str, li
         *("--data-dir", args.data_dir, "--dataset", "mnist", "--processes", str(processes), "--port", str(free_port())),
     ]
     return {"tutorial": tutorial, "train.py": train}
+
+
+def in_repo(argument: str) -> str:
+    """A file of the repository (configs/...) by its absolute path: the commands run in a folder of their own."""
+    return str(REPO / argument) if (REPO / argument).is_file() else argument
 
 
 def free_port() -> int:
@@ -121,7 +126,8 @@ def time_command(command: list[str], processes: int, train_py: bool) -> dict:
         if train_py:
             command = [*command, "--trainer.profiler", "benchmarks.phases.PhaseProfiler"]
         start = time.time()
-        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
         if not train_py:
             env["OMP_NUM_THREADS"] = str(max(1, os.cpu_count() // processes))
         env |= {"E2E_T0": repr(start), "E2E_PHASES": str(phases_file)}

@@ -28,6 +28,8 @@ LEVERS = {
     "bf16-mixed": ("--trainer.precision bf16-mixed", {"trainer": {"precision": "bf16-mixed"}}),
     "torch.compile": ("--model.compile true", {"model": {"compile": True}}),
     "channels_last": ("--model.channels_last true", {"model": {"channels_last": True}}),
+    "data on device": ("--data.on_device true", {"data": {"on_device": True}}),
+    "pinned memory": ("--data.pin_memory true", {"data": {"pin_memory": True}}),
     "all cores per rank": (f"OMP_NUM_THREADS={os.cpu_count()}", {"env": {"OMP_NUM_THREADS": str(os.cpu_count())}}),
 }  # fmt: skip
 

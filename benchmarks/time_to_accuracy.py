@@ -52,14 +52,25 @@ def main() -> None:
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--batch-size", type=int, default=64, help="per device")
     parser.add_argument("--lr", type=float, default=0.01, help="peak of the one-cycle schedule")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--on-device", action="store_true", help="train.py's --data.on_device true")
+    parser.add_argument("--precision", default="32-true", help="train.py's --trainer.precision")
     args = parser.parse_args()
 
     model_class = {"SeqNet": SeqNet, "ConvNet": ConvNet}[args.model]
     for epochs in args.epochs:
-        seed_everything(42, verbose=False)
+        seed_everything(args.seed, verbose=False)
         clock = FitClock()
-        trainer = bare_trainer(accelerator=args.accelerator, devices=args.devices, max_epochs=epochs, callbacks=[clock])
-        datamodule = MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size)
+        trainer = bare_trainer(
+            accelerator=args.accelerator,
+            devices=args.devices,
+            max_epochs=epochs,
+            callbacks=[clock],
+            precision=args.precision,
+        )
+        datamodule = MNISTDataModule(
+            dataset="mnist", data_dir=args.data_dir, batch_size=args.batch_size, on_device=args.on_device
+        )
         model = model_class(optimizer=lambda params: torch.optim.Adam(params, lr=args.lr, fused=True))
         trainer.fit(model, datamodule=datamodule)
         (results,) = trainer.test(model, datamodule=datamodule, verbose=False)
@@ -67,6 +78,7 @@ def main() -> None:
         if trainer.is_global_zero:
             device = str(trainer.strategy.root_device)
             line = {"model": args.model, "epochs": epochs, "train_seconds": round(clock.seconds, 2)}
+            line |= {"batch": args.batch_size, "lr": args.lr, "seed": args.seed, "precision": args.precision}
             line |= {"test_acc": round(results["test/acc"], 4), "target": args.target, "reached": reached}
             print(json.dumps(line | {"processes": trainer.world_size, "device": device}), flush=True)
         if reached:

@@ -10,7 +10,10 @@ setting (torch's default, all cores per process).
 
 Where it differs from the tutorial: the data folder and the dataset are arguments (the tutorial downloads
 FashionMNIST); `--model convnet` swaps in the network of `models/convnet.py`, written out here, so that the
-ConvNet rows compare the two programs on the same network; `--epochs` and `--batch-size` are arguments.
+ConvNet rows compare the two programs on the same network; `--epochs` and `--batch-size` are arguments. Rank 0
+evaluates with the network inside the DDP wrapper (`model.module`), where the tutorial calls the wrapper: for the
+MLP that is the same, but with ConvNet's BatchNorm buffers the wrapper's forward broadcasts them from rank 0, a
+collective that the other ranks, finished, never join (the run died with "Connection reset by peer").
 
     python benchmarks/tutorial_ddp.py --data-dir ../shared/datasets --dataset mnist --processes 2 --epochs 10
 """
@@ -80,10 +83,11 @@ def train(rank: int, args: argparse.Namespace) -> None:
     if rank == 0:
         test_set = dataset_class(args.data_dir, train=False, download=True, transform=transforms.ToTensor())
         correct = 0
-        model.eval()
+        network = model.module  # not the DDP wrapper: see the module's docstring
+        network.eval()
         with torch.no_grad():
             for images, labels in DataLoader(test_set, batch_size=args.batch_size):
-                correct += (model(images).argmax(dim=1) == labels).sum().item()
+                correct += (network(images).argmax(dim=1) == labels).sum().item()
         print(f"test accuracy {correct / len(test_set):.4f}", flush=True)
     dist.destroy_process_group()
 

@@ -102,6 +102,7 @@ def test_tutorial_recipes_load(capsys, config_file, model, optimizer, lr, datase
         (["--trainer.max_epochs", "many"], "max_epochs"),
         (["--config", "README.md"], "config"),
         (["--config", "no/such/file.yaml"], "does not exist"),
+        (["--data.on_device", "true", "--data.num_workers", "2"], "--data.num_workers 0"),
     ],
 )
 def test_bad_arguments_end_in_one_line_and_a_non_zero_exit(argv, expected):

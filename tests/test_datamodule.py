@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules import DataError, MNISTDataModule
@@ -60,6 +61,26 @@ def test_a_batch_is_the_samples_of_its_indices(data_dir):
     images, targets = dataset.__getitems__([5, 0, 7])
     for row, index in enumerate([5, 0, 7]):
         assert torch.equal(images[row], dataset[index][0]) and targets[row] == dataset[index][1]
+
+
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("accelerator", DEVICES)
+def test_data_on_device_gives_the_same_batches_already_on_the_training_device(data_dir, accelerator):
+    host, on_device = fitted(data_dir, batch_size=50), fitted(data_dir, batch_size=50, on_device=True)
+    for datamodule in (host, on_device):
+        datamodule.trainer = Trainer(accelerator=accelerator, devices=1, logger=False)
+    device = on_device.trainer.strategy.root_device
+    torch.manual_seed(0)
+    host_batches = list(host.train_dataloader())
+    torch.manual_seed(0)
+    device_batches = list(on_device.train_dataloader())
+    assert len(device_batches) == len(host_batches) == (TRAIN_SIZE - 200) // 50
+    for (images, targets), (host_images, host_targets) in zip(device_batches, host_batches, strict=True):
+        assert images.device == targets.device == device
+        assert torch.equal(images.cpu(), host_images) and torch.equal(targets.cpu(), host_targets)
+    assert on_device.val_set.tensors[0].device.type == "cpu"  # the dashboard's samples stay in host memory
 
 
 @pytest.mark.parametrize(("dataset", "folder"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
