@@ -51,7 +51,7 @@ def confusion_picture(matrix: Tensor, class_names: list[str]) -> np.ndarray:
     shares = (matrix.float() / matrix.sum(dim=1, keepdim=True).clamp(min=1)).tolist()
     size, cell = len(counts), 56
     text, small = font(14), font(12)
-    labels = [f"{index} {name}" for index, name in enumerate(class_names)]
+    labels = [name if name == str(index) else f"{index} {name}" for index, name in enumerate(class_names)]
     label_width = int(max(small.getlength(label) for label in labels)) + 2 * PAD
     top = 48
     width, height = label_width + size * cell + PAD, top + size * cell + PAD
