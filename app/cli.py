@@ -22,6 +22,7 @@ from app.checkpoint_io import AtomicCheckpointIO
 from app.dashboard import Dashboard
 from app.launch import choose_socket_interface
 from app.logger import LogConfigCallback, TensorBoardLogger
+from app.predictions import PredictionWriter
 from app.quiet import silence_noise
 from app.resume import latest_version, newest_checkpoint
 from datamodules import DataError, MNISTDataModule
@@ -132,6 +133,7 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(Dashboard, "dashboard")
         parser.add_lightning_class_args(SigtermCheck, "sigterm_check")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse; with `--ckpt_path FILE` the data settings saved in the checkpoint become the defaults.
@@ -258,6 +260,10 @@ class TrainCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             metrics.update(self.trainer.callback_metrics)
         self._print_summary(metrics, best)
+
+    def after_predict(self) -> None:
+        writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
+        rank_zero_info(f"Predictions: {writer.csv_path(self.trainer)}")
 
     def after_validate(self) -> None:
         self._print_summary(self.trainer.callback_metrics)

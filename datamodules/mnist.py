@@ -13,9 +13,12 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.datasets import MNIST, FashionMNIST
+
+from datamodules.images import to_mnist_image
 
 # torchvision class, mean and std of the training images (pixel values scaled to [0, 1]).
 DATASETS = {
@@ -68,6 +71,8 @@ class MNISTDataModule(LightningDataModule):
             batches there: no copy from host memory per batch. MNIST's training images take 47 MB as uint8.
         val_size: Images held out of the training set for validation.
         val_split_seed: Seed of the train/val split; fixed so that every rank and every run holds out the same images.
+        predict_dir: `predict` reads every image file of this folder (in name order) instead of the official test
+            set; each is turned into a 28x28 image like the dataset's (`datamodules/images.py`).
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class MNISTDataModule(LightningDataModule):
         on_device: bool = False,
         val_size: PositiveInt = 5000,
         val_split_seed: int = 0,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
         if on_device and num_workers > 0:
@@ -93,6 +99,8 @@ class MNISTDataModule(LightningDataModule):
         self.train_set: BatchedTensorDataset | None = None
         self.val_set: BatchedTensorDataset | None = None
         self.test_set: BatchedTensorDataset | None = None
+        self.predict_set: BatchedTensorDataset | None = None
+        self.predict_files: list[Path] = []  # with predict_dir: the file of each predicted image
 
     @property
     def raw_folder(self) -> Path:
@@ -137,7 +145,10 @@ class MNISTDataModule(LightningDataModule):
             val_index, train_index = order[:val_size], order[val_size:]
             self.train_set = BatchedTensorDataset(images[train_index], targets[train_index])
             self.val_set = BatchedTensorDataset(images[val_index], targets[val_index])
-        if stage in ("test", "predict") and self.test_set is None:
+        if stage == "predict" and self.hparams.predict_dir is not None:
+            if self.predict_set is None:
+                self.predict_set = self._load_folder(Path(self.hparams.predict_dir))
+        elif stage in ("test", "predict") and self.test_set is None:
             self.test_set = BatchedTensorDataset(*self._load(train=False))
 
     def _load(self, train: bool) -> tuple[Tensor, Tensor]:
@@ -160,6 +171,25 @@ class MNISTDataModule(LightningDataModule):
             )
         return dataset.data, dataset.targets
 
+    def _load_folder(self, folder: Path) -> BatchedTensorDataset:
+        """The folder's images, as a dataset whose labels are unknown (-1). Files that are no image are skipped."""
+        if not folder.is_dir():
+            raise DataError(f"--data.predict_dir {folder}: no such folder. Give a folder that holds image files.")
+        images, skipped = [], []
+        for path in sorted(path for path in folder.iterdir() if path.is_file()):
+            try:
+                images.append(to_mnist_image(path))
+                self.predict_files.append(path)
+            except (OSError, ValueError):  # PIL's "cannot identify image file", a truncated file, ...
+                skipped.append(path.name)
+        if skipped:
+            rank_zero_warn(
+                f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}"
+            )
+        if not images:
+            raise DataError(f"--data.predict_dir {folder} holds no readable image: put PNG, JPEG or BMP files there.")
+        return BatchedTensorDataset(torch.stack(images), torch.full((len(images),), -1))
+
     def train_dataloader(self) -> DataLoader:
         # A plain shuffling loader: under DDP Lightning swaps in a DistributedSampler, seeded and re-shuffled each
         # epoch (`set_epoch`), that gives each rank an equal share.
@@ -174,7 +204,7 @@ class MNISTDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         # Lightning shards predictions without repeats already
-        return self._loader(self.test_set, self.hparams.eval_batch_size)
+        return self._loader(self.predict_set or self.test_set, self.hparams.eval_batch_size)
 
     def _evaluation_sampler(self, dataset: BatchedTensorDataset) -> UnrepeatedDistributedSampler | None:
         """Under DDP, give each rank every world_size-th sample, each sample to exactly one rank.

@@ -118,9 +118,11 @@ class ImageClassifier(LightningModule):
         self.confusion_matrices[stage] = confusion.compute().cpu()
         confusion.reset()
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        images, _targets = batch
-        return self(images).argmax(dim=1)
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Each image's predicted class and its probability, with the known label (-1 for a user's own images)."""
+        images, targets = batch
+        probability, prediction = self(images).softmax(dim=1).max(dim=1)
+        return {"prediction": prediction.cpu(), "probability": probability.cpu(), "target": targets.cpu()}
 
     def configure_optimizers(self):
         optimizer = self.optimizer(self.parameters())

@@ -1,0 +1,112 @@
+"""`train.py predict`: one CSV row per input, the same for any number of processes, also for a folder of images."""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from datamodules import MNISTDataModule
+from datamodules.images import to_mnist_image
+from models import SeqNet
+from tests.conftest import TEST_SIZE
+from tests.helpers import run_train, scalars
+
+COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """A SeqNet trained for one epoch on the synthetic MNIST, and its test accuracy as the run logged it."""
+    root = tmp_path_factory.mktemp("runs")
+    argv = ("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200")
+    result = run_train(*COMMON, *argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (root / "SeqNet-mnist").iterdir()
+    best = next(path for path in (run / "checkpoints").iterdir() if path.name != "last.ckpt")
+    return best, scalars(run)["test/acc"][0]
+
+
+def predict(checkpoint: Path, output: Path, *args: str, devices: int = 1):
+    argv = ("predict", "--ckpt_path", str(checkpoint), "--devices", str(devices), "--predictions.path", str(output))
+    return run_train(*argv, *COMMON, "--trainer.default_root_dir", str(output.parent / "runs"), *args)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def test_the_test_set_gives_the_same_csv_with_one_and_two_processes(checkpoint, tmp_path):
+    best, test_accuracy = checkpoint
+    outputs = []
+    for devices in (1, 2):
+        output = tmp_path / f"predictions{devices}.csv"
+        result = predict(best, output, devices=devices)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert (result.stdout + result.stderr).strip().splitlines()[-1] == f"Predictions: {output}"
+        outputs.append(output.read_text())
+    assert outputs[0] == outputs[1]
+    rows = read_csv(tmp_path / "predictions1.csv")
+    assert list(rows[0]) == ["index", "prediction", "class_name", "probability", "target"]
+    assert [int(row["index"]) for row in rows] == list(range(TEST_SIZE))  # every test image once, in order
+    assert all(row["class_name"] == row["prediction"] and 0 < float(row["probability"]) <= 1 for row in rows)
+    correct = sum(row["prediction"] == row["target"] for row in rows)
+    assert correct / len(rows) == pytest.approx(test_accuracy, abs=1e-6)
+    assert not list(tmp_path.glob(".predictions*"))  # the ranks' parts are gone
+
+
+def test_a_folder_of_images_is_predicted_file_by_file_and_a_broken_file_is_named(checkpoint, data_dir, tmp_path):
+    best, _ = checkpoint
+    images = tmp_path / "images"
+    images.mkdir()
+    dark_background = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[:3].copy()
+    dark_background[:, :3], dark_background[:, -3:], dark_background[:, :, :3], dark_background[:, :, -3:] = 0, 0, 0, 0
+    for index, image in enumerate(dark_background):  # light strokes on black, 28x28, as the dataset stores them
+        Image.fromarray(image).save(images / f"a{index}.png")
+    scan = ImageOps.invert(Image.fromarray(dark_background[0])).resize((84, 84)).convert("RGB")  # dark on white
+    scan.save(images / "b_scan.jpg", quality=95)
+    (images / "c_broken.png").write_bytes(b"not an image")
+    output = tmp_path / "folder.csv"
+    result = predict(best, output, "--data.predict_dir", str(images), devices=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("c_broken.png") == 1  # one warning, from one process
+    rows = read_csv(output)
+    assert list(rows[0]) == ["file", "prediction", "class_name", "probability"]
+    assert [row["file"] for row in rows] == ["a0.png", "a1.png", "a2.png", "b_scan.jpg"]
+    model = SeqNet.load_from_checkpoint(best, map_location="cpu").eval()
+    inputs, _ = MNISTDataModule(dataset="mnist").on_after_batch_transfer((torch.from_numpy(dark_background), None), 0)
+    with torch.no_grad():
+        expected = model(inputs).argmax(dim=1).tolist()
+    assert [int(row["prediction"]) for row in rows[:3]] == expected
+
+
+def test_a_scan_of_dark_strokes_on_paper_becomes_a_dataset_like_image(data_dir):
+    original = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[0].copy()
+    original[:3], original[-3:], original[:, :3], original[:, -3:] = 0, 0, 0, 0  # a dark background, as in MNIST
+    path = data_dir.parent / "scan.png"
+    ImageOps.invert(Image.fromarray(original)).resize((56, 56), Image.Resampling.NEAREST).save(path)
+    converted = to_mnist_image(path)
+    assert converted.dtype == torch.uint8 and converted.shape == (28, 28)
+    assert np.abs(converted.numpy().astype(int) - original.astype(int)).mean() < 2
+
+
+@pytest.mark.parametrize(("make_folder", "words"), [(False, "no such folder"), (True, "holds no readable image")])
+def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make_folder, words):
+    best, _ = checkpoint
+    folder = tmp_path / "mine"
+    if make_folder:
+        folder.mkdir()
+        (folder / "notes.txt").write_text("no picture here")
+    result = predict(best, tmp_path / "p.csv", "--data.predict_dir", str(folder))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: --data.predict_dir") and words in last_line
+
+
+def read_idx_images(path: Path) -> np.ndarray:
+    data = path.read_bytes()
+    count = int.from_bytes(data[4:8], "big")
+    return np.frombuffer(data[16:], dtype=np.uint8).reshape(count, 28, 28)
