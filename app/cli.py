@@ -20,6 +20,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from app.callbacks import GlobalBatchInfo, SigtermCheck
 from app.checkpoint_io import AtomicCheckpointIO
 from app.dashboard import Dashboard
+from app.export import ExportError, export
+from app.export import parse as parse_export_arguments
 from app.launch import choose_socket_interface
 from app.logger import LogConfigCallback, TensorBoardLogger
 from app.predictions import PredictionWriter
@@ -301,7 +303,11 @@ def describe(error: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, test_after_fit = parse_command(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        export_model(argv[1:])
+        return
+    args, test_after_fit = parse_command(argv)
     silence_noise()
     interface = choose_socket_interface()
     if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once per node
@@ -316,6 +322,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(128 + signal.SIGTERM)  # what shells, torchrun and SLURM read as "ended by SIGTERM"
     finally:
         close_process_group()
+
+
+def export_model(argv: list[str]) -> None:
+    """`train.py export ...` (app/export.py), with its mistakes in one line."""
+    try:
+        output = export(parse_export_arguments(argv))
+    except (ExportError, FileNotFoundError, pickle.UnpicklingError) as error:
+        sys.exit(f"error: {describe(error)}")
+    print(f"Exported: {output}")
 
 
 def close_process_group() -> None:

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_train, scalars
 from tests.synthetic import write_dataset
 
 TRAIN_SIZE, TEST_SIZE = 1200, 301  # 301 divides by neither 2 nor 3 ranks
@@ -29,3 +30,16 @@ def restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """A SeqNet trained for one epoch on the synthetic MNIST, and its test accuracy as the run logged it."""
+    root = tmp_path_factory.mktemp("runs")
+    common = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
+    argv = ("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200")
+    result = run_train(*common, *argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (root / "SeqNet-mnist").iterdir()
+    best = next(path for path in (run / "checkpoints").iterdir() if path.name != "last.ckpt")
+    return best, scalars(run)["test/acc"][0]

@@ -12,21 +12,9 @@ from datamodules import MNISTDataModule
 from datamodules.images import to_mnist_image
 from models import SeqNet
 from tests.conftest import TEST_SIZE
-from tests.helpers import run_train, scalars
+from tests.helpers import run_train
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
-    """A SeqNet trained for one epoch on the synthetic MNIST, and its test accuracy as the run logged it."""
-    root = tmp_path_factory.mktemp("runs")
-    argv = ("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200")
-    result = run_train(*COMMON, *argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root))
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = (root / "SeqNet-mnist").iterdir()
-    best = next(path for path in (run / "checkpoints").iterdir() if path.name != "last.ckpt")
-    return best, scalars(run)["test/acc"][0]
 
 
 def predict(checkpoint: Path, output: Path, *args: str, devices: int = 1):

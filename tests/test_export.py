@@ -1,0 +1,81 @@
+"""`train.py export`: ONNX and TorchScript files that take raw pixels and give the checkpoint's logits."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from app.cli import main
+from datamodules import MNISTDataModule
+from models import SeqNet
+from tests.test_predict import read_idx_images
+
+
+def export(capsys, checkpoint: Path, export_format: str, output: Path) -> None:
+    main(["export", "--ckpt_path", str(checkpoint), "--format", export_format, "--output", str(output)])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"Exported: {output}"
+
+
+def checkpoint_logits(checkpoint: Path, images: np.ndarray) -> np.ndarray:
+    model = SeqNet.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    inputs, _ = MNISTDataModule(dataset="mnist").on_after_batch_transfer((torch.from_numpy(images), None), 0)
+    with torch.no_grad():
+        return model(inputs).numpy()
+
+
+@pytest.mark.parametrize("export_format", ["onnx", "torchscript"])
+def test_exported_model_takes_pixels_and_gives_the_checkpoints_logits(
+    checkpoint, data_dir, tmp_path, capsys, export_format
+):
+    best, _ = checkpoint
+    output = tmp_path / f"model.{export_format}"
+    export(capsys, best, export_format, output)
+    images = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[:300].copy()
+    expected = checkpoint_logits(best, images)
+    if export_format == "onnx":
+        session = onnxruntime.InferenceSession(str(output))
+        run = lambda batch: session.run(None, {"images": batch})[0]  # noqa: E731
+        metadata = session.get_modelmeta().custom_metadata_map
+        assert json.loads(metadata["class_names"]) == [str(k) for k in range(10)] and metadata["dataset"] == "mnist"
+    else:
+        loaded = torch.jit.load(str(output))
+        run = lambda batch: loaded(torch.from_numpy(batch)).detach().numpy()  # noqa: E731
+    one_by_one = np.concatenate([run(images[i : i + 1]) for i in range(len(images))])
+    in_batches = np.concatenate([run(images[i : i + 256]) for i in range(0, len(images), 256)])
+    for logits in (one_by_one, in_batches):
+        assert logits.shape == (300, 10)
+        assert np.abs(logits - expected).max() < 1e-4
+        assert (logits.argmax(axis=1) == expected.argmax(axis=1)).all()
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"--format": "tflite"}, "--format tflite: unknown format"),
+        ({"--ckpt_path": "no/such.ckpt"}, "--ckpt_path no/such.ckpt: no such file"),
+        ({"--output": "a_file/model.onnx"}, "cannot write there"),
+        ({"--output": None}, "required: --output"),
+    ],
+)
+def test_bad_export_arguments_end_in_one_line(checkpoint, tmp_path, monkeypatch, change, words):
+    best, _ = checkpoint
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("a file, not a folder")
+    options = {"--ckpt_path": str(best), "--format": "onnx", "--output": "model.onnx", **change}
+    argv = [item for name, value in options.items() if value is not None for item in (name, value)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", *argv])
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and words in message and "\n" not in message
+
+
+def test_onnx_without_its_package_says_which_extra_to_install(checkpoint, tmp_path, monkeypatch):
+    best, _ = checkpoint
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "m.onnx")])
+    assert exit_info.value.code == "error: --format onnx needs the onnx package: pip install -e '.[export]'."
