@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from datamodules.mnist import DATASETS, MNISTDataModule
+from datamodules.mnist import DATASETS, MNISTDataModule, normalise
 from models import ConvNet, ImageClassifier, SeqNet
 
 MODELS = {"models.SeqNet": SeqNet, "models.ConvNet": ConvNet}
@@ -28,7 +28,7 @@ class ExportError(RuntimeError):
 
 
 class RawImageClassifier(nn.Module):
-    """uint8 images (N, 28, 28) -> logits (N, 10), with the dataset's normalisation as the first step."""
+    """uint8 images (N, 28, 28) -> logits (N, 10), with the datamodule's normalisation as the first step."""
 
     def __init__(self, network: nn.Module, mean: float, std: float) -> None:
         super().__init__()
@@ -36,7 +36,7 @@ class RawImageClassifier(nn.Module):
         self.mean, self.std = mean, std
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.network((images.unsqueeze(1).float() / 255 - self.mean) / self.std)
+        return self.network(normalise(images, self.mean, self.std))
 
 
 class _Parser(argparse.ArgumentParser):

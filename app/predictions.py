@@ -44,15 +44,15 @@ class PredictionWriter(BasePredictionWriter):
     def _merge(self, trainer: Trainer, path: Path) -> None:
         parts = [_part(path, rank) for rank in range(trainer.world_size)]
         loaded = [torch.load(part, weights_only=True) for part in parts]
-        keys = set().union(*loaded) - {"index"}
-        rows = {key: torch.cat([part[key] for part in loaded if key in part]) for key in keys | {"index"}}
+        rows = {key: torch.cat([part[key] for part in loaded if key in part]) for key in set().union(*loaded)}
         order = torch.argsort(rows["index"]).tolist()
         names, files = trainer.datamodule.class_names, trainer.datamodule.predict_files
+        header = ["file" if files else "index", "prediction", "class_name", "probability"] + (
+            [] if files else ["target"]
+        )
         with path.open("w", newline="") as out:
             writer = csv.writer(out)
-            writer.writerow(
-                ["file" if files else "index", "prediction", "class_name", "probability", "target"][: 4 + (not files)]
-            )
+            writer.writerow(header)
             for position in order:
                 index, prediction = int(rows["index"][position]), int(rows["prediction"][position])
                 row = [files[index].name if files else index, prediction, names[prediction]]

@@ -48,6 +48,11 @@ class BatchedTensorDataset(TensorDataset):
         return self[index]
 
 
+def normalise(images: Tensor, mean: float, std: float) -> Tensor:
+    """uint8 images (N, 28, 28) as the network's input: float (N, 1, 28, 28), scaled to [0, 1], then standardised."""
+    return (images.unsqueeze(1).float() / 255 - mean) / std
+
+
 def already_batched(batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """Collate function for `BatchedTensorDataset`: the batch is built already, so pass it through."""
     return batch
@@ -247,5 +252,4 @@ class MNISTDataModule(LightningDataModule):
         if isinstance(batch, Tensor):
             return batch
         images, targets = batch
-        images = (images.unsqueeze(1).float() / 255 - self.mean) / self.std
-        return images, targets
+        return normalise(images, self.mean, self.std), targets

@@ -8,6 +8,7 @@ labels are wrong, so a trained network scores about 0.95, not 1.
 import struct
 from pathlib import Path
 
+import numpy as np
 import torch
 
 IMAGE_MAGIC, LABEL_MAGIC = 0x0803, 0x0801  # uint8 data with 3 and 1 dimensions
@@ -19,6 +20,13 @@ def write_idx(path: Path, data: torch.Tensor) -> None:
     magic = IMAGE_MAGIC if data.dim() == 3 else LABEL_MAGIC
     header = struct.pack(f">I{data.dim()}I", magic, *data.shape)
     path.write_bytes(header + data.to(torch.uint8).numpy().tobytes())
+
+
+def read_idx_images(path: Path) -> np.ndarray:
+    """The images of an IDX file written by `write_idx`, as a uint8 array (N, 28, 28)."""
+    data = path.read_bytes()
+    count = int.from_bytes(data[4:8], "big")
+    return np.frombuffer(data[16:], dtype=np.uint8).reshape(count, 28, 28)
 
 
 def make_split(size: int, generator: torch.Generator, patterns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 from app.cli import main
 from datamodules import MNISTDataModule
 from models import SeqNet
-from tests.test_predict import read_idx_images
+from tests.synthetic import read_idx_images
 
 
 def export(capsys, checkpoint: Path, export_format: str, output: Path) -> None:

@@ -13,6 +13,7 @@ from datamodules.images import to_mnist_image
 from models import SeqNet
 from tests.conftest import TEST_SIZE
 from tests.helpers import run_train
+from tests.synthetic import read_idx_images
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
 
@@ -92,9 +93,3 @@ def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make_fol
     assert result.returncode == 1 and "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: --data.predict_dir") and words in last_line
-
-
-def read_idx_images(path: Path) -> np.ndarray:
-    data = path.read_bytes()
-    count = int.from_bytes(data[4:8], "big")
-    return np.frombuffer(data[16:], dtype=np.uint8).reshape(count, 28, 28)
