@@ -1,33 +1,48 @@
 """The command line of `train.py`: LightningCLI with this project's models, data and Trainer defaults."""
 
 import os
-import pickle
 import signal
 import sys
 from argparse import RawDescriptionHelpFormatter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from jsonargparse import ArgumentError, DefaultHelpFormatter
+from jsonargparse import DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks import GlobalBatchInfo, SigtermCheck
 from app.checkpoint_io import AtomicCheckpointIO
+from app.checkpoints import read_checkpoint
 from app.dashboard import Dashboard
+from app.errors import (
+    OWN_ERRORS,
+    RENDEZVOUS_ERRORS,
+    USER_ERRORS,
+    VALUE_ERRORS,
+    UserError,
+    blame_option,
+    describe,
+    exit_with_error,
+    one_line,
+    options_set,
+)
 from app.export import ExportError, export
 from app.export import parse as parse_export_arguments
+from app.folders import check_writable
 from app.launch import choose_socket_interface
 from app.logger import LogConfigCallback, TensorBoardLogger
 from app.predictions import PredictionWriter
 from app.quiet import silence_noise
 from app.resume import latest_version, newest_checkpoint
-from datamodules import DataError, MNISTDataModule
+from datamodules import MNISTDataModule
 from models import ImageClassifier
 
 DESCRIPTION = """\
@@ -51,16 +66,6 @@ TRAINER_DEFAULTS = {
     "default_root_dir": "runs",
     "callbacks": [GlobalBatchInfo()],
 }
-
-# Mistakes in what the user asked for: reported in one line, without a traceback.
-USER_ERRORS = (ArgumentError, DataError, MisconfigurationException, FileNotFoundError)
-# The processes could not meet: a port in use, an unreachable MASTER_ADDR, a node that never came.
-RENDEZVOUS_ERRORS = (torch.distributed.DistNetworkError, torch.distributed.DistStoreError)
-RENDEZVOUS_HINT = (
-    "Check that all --num_nodes nodes were started with the same MASTER_ADDR (an address of node 0 that every node"
-    " reaches) and MASTER_PORT (free on node 0), and distinct NODE_RANKs. --trainer.strategy DDPStrategy"
-    " --trainer.strategy.timeout H:MM:SS sets how long they wait for each other (default 30 minutes)."
-)
 
 
 def parse_command(argv: list[str]) -> tuple[list[str], bool]:
@@ -138,24 +143,74 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
-        """Parse; with `--ckpt_path FILE` the data settings saved in the checkpoint become the defaults.
+        """Parse; with `--ckpt_path FILE` the checkpoint's model and data settings become the defaults.
 
         Lightning restores the model's hyperparameters from the checkpoint, but not the datamodule's, so
         `test --ckpt_path` would evaluate a MNIST model on FashionMNIST. Options given on the command line or in a
-        config file still win over the checkpoint's, so the data can be read from another folder.
+        config file still win over the checkpoint's, so the data can be read from another folder; a `--model` other
+        than the checkpoint's is refused, since Lightning would silently replace it with the checkpoint's.
         """
         self._load_checkpoints_as_data_only()
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
-            return
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        if (
+            not ckpt_path
+            or ckpt_path in ("last", "best", "hpc")
+            or ckpt_path.startswith("registry")
+            or "://" in ckpt_path
+        ):
+            return  # Lightning's own names, and remote files that Lightning loads itself
+        checkpoint = read_checkpoint(ckpt_path)
         data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
         data_hparams.pop("_instantiator", None)
-        if data_hparams:
-            self._subcommand_parsers[subcommand].set_defaults({f"data.{k}": v for k, v in data_hparams.items()})
-            super().parse_arguments(parser, args)
+        defaults = {f"data.{k}": v for k, v in data_hparams.items()}
+        saved_model = checkpoint.get("hyper_parameters", {}).get("_class_path")
+        if saved_model:
+            defaults["model"] = saved_model
+        self._subcommand_parsers[subcommand].set_defaults(defaults)
+        super().parse_arguments(parser, args)
+        chosen_model = self.config[subcommand].model.class_path
+        if saved_model and chosen_model != saved_model:
+            saved, chosen = saved_model.rsplit(".", 1)[-1], chosen_model.rsplit(".", 1)[-1]
+            raise UserError(
+                f"--ckpt_path {ckpt_path} holds a {saved}, but --model names {chosen}: leave --model out (the"
+                f" checkpoint's model is used), or give a checkpoint of {chosen}."
+            )
+
+    def _set_seed(self) -> None:
+        with self._errors_named_by_option():
+            super()._set_seed()
+
+    def instantiate_classes(self) -> None:
+        with self._errors_named_by_option():
+            super().instantiate_classes()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with self._errors_named_by_option():
+            super()._run_subcommand(subcommand)
+
+    @contextmanager
+    def _errors_named_by_option(self) -> Iterator[None]:
+        """A value the parser accepted but torch, Lightning or the model rejected later (`--model.optimizer.lr -1`,
+        `--trainer.log_every_n_steps 0`): one line that names the option, instead of a traceback from every rank.
+        An error that no option the user set can explain is raised as it is."""
+        try:
+            yield
+        except VALUE_ERRORS as error:
+            if isinstance(error, OWN_ERRORS):
+                raise
+            subcommand = self.config.subcommand
+            config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
+            if isinstance(error, RuntimeError) and "loading state_dict" in str(error):
+                raise UserError(
+                    f"--ckpt_path {config.ckpt_path} does not fit {config.model.class_path}: {one_line(error)[:150]}"
+                    " Give a checkpoint of this model."
+                ) from error
+            line = blame_option(error, options_set(config, defaults))
+            if line is None:
+                raise
+            raise UserError(line) from error
 
     def _load_checkpoints_as_data_only(self) -> None:
         """Default `--weights_only true`: loading a checkpoint cannot run code.
@@ -237,8 +292,22 @@ class TrainCLI(LightningCLI):
         except ValueError as error:
             raise MisconfigurationException(f"{error} Make --devices and --num_nodes match the launcher.") from error
 
+    def _check_output_folders(self) -> None:
+        """Global rank 0 writes the logs, checkpoints and predictions: it checks their folders before the launch."""
+        if self.trainer.global_rank != 0:
+            return
+        folders = {"--trainer.default_root_dir": self.trainer.default_root_dir}
+        for name in ("checkpoint", "last_checkpoint"):
+            if dirpath := self._get(self.config, f"{name}.dirpath"):
+                folders[f"--{name}.dirpath"] = dirpath
+        if self.subcommand == "predict" and (path := self._get(self.config, "predictions.path")):
+            folders["--predictions.path"] = path if Path(path).is_dir() else Path(path).parent
+        for option, folder in folders.items():
+            check_writable(option, folder)
+
     def _check_before_launch(self, *stages: str) -> None:
         self._check_launcher()
+        self._check_output_folders()
         self._check_data(*stages)
 
     def before_fit(self) -> None:
@@ -285,23 +354,6 @@ class TrainCLI(LightningCLI):
         rank_zero_info("\n".join(lines))
 
 
-def one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
-
-
-def describe(error: BaseException) -> str:
-    """One line that says what went wrong and what to do about it."""
-    if isinstance(error, RENDEZVOUS_ERRORS):
-        return f"{one_line(error)} {RENDEZVOUS_HINT}"
-    if isinstance(error, pickle.UnpicklingError):  # torch.load(weights_only=True) met something else
-        reason = next((line for line in str(error).splitlines() if "WeightsUnpickler" in line), one_line(error))
-        return (
-            f"refused to load the checkpoint: it holds more than tensors and plain values, and loading it could run"
-            f" code ({reason.strip()}). If you trust its source, add --weights_only false."
-        )
-    return one_line(error)
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
@@ -314,12 +366,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
         TrainCLI(args, test_after_fit)
-    except (*USER_ERRORS, *RENDEZVOUS_ERRORS, pickle.UnpicklingError) as error:
-        message = describe(error)
-        rank = rank_zero_only.rank
-        sys.exit(f"error: {message}" if rank == 0 else f"error (rank {rank}): {message}")
-    except SIGTERMException:  # every rank stopped at the same step (app/callbacks.py: SigtermCheck)
-        sys.exit(128 + signal.SIGTERM)  # what shells, torchrun and SLURM read as "ended by SIGTERM"
+    except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:
+        exit_with_error(describe(error, args))
+    except SIGTERMException as stop:  # every rank stopped at the same step (app/callbacks.py: SigtermCheck)
+        # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
+        sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
+    except KeyboardInterrupt:  # Ctrl-C before training started or after it ended
+        sys.exit(128 + signal.SIGINT)
     finally:
         close_process_group()
 
@@ -328,8 +381,8 @@ def export_model(argv: list[str]) -> None:
     """`train.py export ...` (app/export.py), with its mistakes in one line."""
     try:
         output = export(parse_export_arguments(argv))
-    except (ExportError, FileNotFoundError, pickle.UnpicklingError) as error:
-        sys.exit(f"error: {describe(error)}")
+    except (ExportError, *USER_ERRORS) as error:
+        exit_with_error(describe(error))
     print(f"Exported: {output}")
 
 

@@ -3,6 +3,7 @@
 import time
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -27,7 +28,9 @@ class Dashboard(Callback):
     time of one training step. Both also show in the progress bar.
     """
 
-    def __init__(self, images_every_n_epochs: int = 1, num_images: int = 32, log_graph: bool = False) -> None:
+    def __init__(
+        self, images_every_n_epochs: NonNegativeInt = 1, num_images: PositiveInt = 32, log_graph: bool = False
+    ) -> None:
         self.images_every_n_epochs = images_every_n_epochs
         self.num_images = num_images
         self.log_graph = log_graph

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from app.checkpoints import read_checkpoint
 from datamodules.mnist import DATASETS, MNISTDataModule, normalise
 from models import ConvNet, ImageClassifier, SeqNet
 
@@ -60,9 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def load(checkpoint_path: Path) -> tuple[RawImageClassifier, list[str], str]:
     """The checkpoint's network wrapped for raw pixels, the class names and the dataset's name."""
-    if not checkpoint_path.is_file():
-        raise FileNotFoundError(f"--ckpt_path {checkpoint_path}: no such file. Give a checkpoint written by train.py.")
-    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+    checkpoint = read_checkpoint(checkpoint_path)
     model_class = MODELS.get(checkpoint.get("hyper_parameters", {}).get("_class_path"))
     if model_class is None:
         raise ExportError(f"--ckpt_path {checkpoint_path}: not a checkpoint of train.py's SeqNet or ConvNet.")

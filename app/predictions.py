@@ -12,7 +12,7 @@ class PredictionWriter(BasePredictionWriter):
     """Write the predictions of a `predict` run to a CSV file, one row per input, in input order.
 
     Args:
-        path: The CSV file to write; by default `predictions.csv` in the run's folder.
+        path: The CSV file to write, or a folder to write `predictions.csv` in; by default the run's folder.
 
     Under DDP each rank predicts its share of the inputs (Lightning's sampler gives every input to exactly one
     rank, and tells this callback which). Each rank saves its rows beside the CSV, the ranks wait for each other,
@@ -26,7 +26,9 @@ class PredictionWriter(BasePredictionWriter):
         self.path = path
 
     def csv_path(self, trainer: Trainer) -> Path:
-        return Path(self.path) if self.path else Path(trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
+        if self.path and not Path(self.path).is_dir():
+            return Path(self.path)
+        return Path(self.path or trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
 
     def write_on_epoch_end(
         self, trainer: Trainer, pl_module: LightningModule, predictions: list[dict], batch_indices: list

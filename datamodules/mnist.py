@@ -169,12 +169,25 @@ class MNISTDataModule(LightningDataModule):
                 f"The {split} files in {self.raw_folder} are corrupt or truncated ({type(err).__name__}: {err}). "
                 "Delete them and download or copy them again."
             ) from err
-        if len(dataset.data) != len(dataset.targets):
-            raise DataError(
-                f"The {split} files in {self.raw_folder} disagree: {len(dataset.data)} images but "
-                f"{len(dataset.targets)} labels. Delete them and download or copy them again."
-            )
+        self._check_contents(split, dataset.data, dataset.targets)
         return dataset.data, dataset.targets
+
+    def _check_contents(self, split: str, images: Tensor, targets: Tensor) -> None:
+        """What the IDX format allows but the dataset does not: caught now, not as an odd failure at some later step."""
+        problem = None
+        if images.dim() != 3 or tuple(images.shape[1:]) != (28, 28):
+            problem = f"the images are {'x'.join(map(str, images.shape[1:]))} pixels, not 28x28"
+        elif len(images) == 0:
+            problem = "they hold no images"
+        elif len(images) != len(targets):
+            problem = f"they disagree: {len(images)} images but {len(targets)} labels"
+        elif targets.min() < 0 or targets.max() >= len(self.class_names):
+            problem = f"labels must be 0 to {len(self.class_names) - 1}, and one is {int(targets.max())}"
+        if problem:
+            raise DataError(
+                f"The {split} files in {self.raw_folder} are not {self.dataset_class.__name__}: {problem}."
+                " Delete them and download or copy them again."
+            )
 
     def _load_folder(self, folder: Path) -> BatchedTensorDataset:
         """The folder's images, as a dataset whose labels are unknown (-1). Files that are no image are skipped."""

@@ -189,3 +189,56 @@ class SigtermWhileOthersWait(Callback):
         if trainer.global_rank == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
             time.sleep(2)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class CtrlCAfterStep(Callback):
+    """Test instrument: after training step `step`, rank 0 sends SIGINT to every process of its process group, as a
+    terminal does on Ctrl-C (tests start train.py in a session of its own); `presses` times, a second apart."""
+
+    def __init__(self, step: int = 1, presses: int = 1) -> None:
+        self.step = step
+        self.presses = presses
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if (trainer.global_rank, trainer.global_step) == (0, self.step):
+            for press in range(self.presses):
+                time.sleep(press)
+                os.killpg(os.getpgrp(), signal.SIGINT)
+
+
+class DivergeInEpoch(Callback):
+    """Test instrument: from the start of epoch `epoch`, every rank trains with a learning rate of 1e38, as a user
+    who chose far too high a one would: the weights and then the loss overflow within a few steps."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            for group in trainer.optimizers[0].param_groups:
+                group["lr"] = 1e38
+
+
+class RecordDurableWrites(Callback):
+    """Test instrument: records, in order, the files and folders this process flushes to the disk (`os.fsync`) and
+    the renames it makes, and writes them to `<default_root_dir>/durable_writes.json` when the stage ends."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.events: list[list[str]] = []
+        fsync, replace = os.fsync, os.replace
+
+        def recording_fsync(descriptor: int) -> None:
+            self.events.append(["fsync", os.readlink(f"/proc/self/fd/{descriptor}")])
+            fsync(descriptor)
+
+        def recording_replace(source, target) -> None:
+            replace(source, target)
+            self.events.append(["rename", str(source), str(target)])
+
+        self.originals = fsync, replace
+        os.fsync, os.replace = recording_fsync, recording_replace
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        os.fsync, os.replace = self.originals
+        if trainer.global_rank == 0:
+            (Path(trainer.default_root_dir) / "durable_writes.json").write_text(json.dumps(self.events))

@@ -12,8 +12,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, mon
     io.save_checkpoint({"epoch": 1, "weights": torch.ones(1000)}, path)
 
     def dies_halfway(obj, file):  # a process killed while writing: half the bytes, then nothing
-        with open(file, "wb") as f:
-            f.write(b"PK\x03\x04 half a checkpoint")
+        file.write(b"PK\x03\x04 half a checkpoint")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", dies_halfway)

@@ -147,7 +147,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_line(data_dir, tmp_p
         finally:
             server.shutdown()
     message = exit_info.value.code
-    assert message.startswith("error: refused to load the checkpoint") and "--weights_only false" in message
+    assert message.startswith(f"error: refused to load --ckpt_path {url}") and "--weights_only false" in message
     assert "\n" not in message
     assert not marker.exists()
 

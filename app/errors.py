@@ -1,0 +1,148 @@
+"""Every mistake a user can make ends in one line: what is wrong and what to do, from one process, exit status 1.
+
+`app.cli.main` catches the errors listed here and prints `describe(error)`. Mistakes found while parsing are
+jsonargparse's (shortened in `app/parser_messages.py`); values the parser accepts but torch or Lightning reject
+later are tied to the option the user set (`blame_option`); the rest raise `UserError` with their own message.
+"""
+
+import linecache
+import pickle
+import re
+import sys
+import time
+import traceback
+from typing import Any, NoReturn
+
+import torch
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_only
+
+from app.parser_messages import shorten
+from datamodules import DataError
+
+
+class UserError(Exception):
+    """Something the user asked for cannot be done; the message says what and how to fix it."""
+
+
+# Mistakes in what the user asked for: reported in one line, without a traceback.
+USER_ERRORS = (
+    UserError,
+    ArgumentError,
+    DataError,
+    MisconfigurationException,
+    FileNotFoundError,
+    pickle.UnpicklingError,
+)
+# The processes could not meet: a port in use, an unreachable MASTER_ADDR, a node that never came.
+RENDEZVOUS_ERRORS = (torch.distributed.DistNetworkError, torch.distributed.DistStoreError)
+RENDEZVOUS_HINT = (
+    "Check that all --num_nodes nodes were started with the same MASTER_ADDR (an address of node 0 that every node"
+    " reaches) and MASTER_PORT (free on node 0), and distinct NODE_RANKs. --trainer.strategy DDPStrategy"
+    " --trainer.strategy.timeout H:MM:SS sets how long they wait for each other (default 30 minutes)."
+)
+# What torch, Lightning and the models raise when a value they were given is wrong.
+VALUE_ERRORS = (
+    ValueError,
+    TypeError,
+    ArithmeticError,
+    AssertionError,
+    IndexError,
+    KeyError,
+    RuntimeError,
+    MisconfigurationException,
+)
+# Errors of this program and the parser, whose messages say already what to do.
+OWN_ERRORS = (UserError, DataError, ArgumentError)
+OTHER_RANKS_WAIT_S = 3.0
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def describe(error: BaseException, argv: list[str] = ()) -> str:
+    """One line that says what went wrong (with the command line `argv`) and what to do about it."""
+    if isinstance(error, RENDEZVOUS_ERRORS):
+        return f"{one_line(error)} {RENDEZVOUS_HINT}"
+    if isinstance(error, ArgumentError):
+        return shorten(str(error), list(argv))
+    if isinstance(error, pickle.UnpicklingError):  # Lightning loading a checkpoint from a URL, weights only
+        from app.checkpoints import unpickling_problem  # noqa: PLC0415 (app.checkpoints imports this module)
+
+        ckpt_path = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--ckpt_path"), "")
+        return unpickling_problem(f"--ckpt_path {ckpt_path}".strip(), error)
+    return one_line(error)
+
+
+def exit_with_error(message: str) -> NoReturn:
+    """Print `error: MESSAGE` and exit with status 1; from global rank 0 when every rank fails alike.
+
+    Under DDP every rank usually meets the same mistake. The launcher (Lightning's, torchrun, SLURM) ends the other
+    ranks once one has failed, so a rank other than 0 waits a moment before it speaks: when rank 0 fails too, it is
+    ended during the wait and the user reads one line; when it failed alone, its line comes a little later.
+    """
+    rank = rank_zero_only.rank
+    if rank == 0:
+        sys.exit(f"error: {message}")
+    time.sleep(OTHER_RANKS_WAIT_S)
+    sys.exit(f"error (rank {rank}): {message}")
+
+
+def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
+    """Tie an error that torch, Lightning or a model raised to the one option (of those the user set) it is about.
+
+    `options` maps `--trainer.log_every_n_steps` style names to the values the user set. Each option scores by how
+    the error points at it: its name in the message (4), its value in the message, or a zero for a division by zero
+    (2), its name in the code that raised it (1: `x % self.trainer.log_every_n_steps`). The one best option wins;
+    none, or a tie, leaves the error unexplained. Returns the one line to print, or None.
+    """
+    message = one_line(error) or type(error).__name__
+    code = " ".join(linecache.getline(f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)[-3:])
+    scores = {}
+    for option, value in options.items():
+        name = rf"\b{re.escape(option.rsplit('.', 1)[-1].lstrip('-'))}\b"
+        valued = _value_in(value, message) or (isinstance(error, ZeroDivisionError) and _is_zero(value))
+        scores[option] = 4 * bool(re.search(name, message)) + 2 * valued + bool(re.search(name, code))
+    best = max(scores.values(), default=0)
+    suspects = [option for option, score in scores.items() if score == best]
+    if best == 0 or len(suspects) > 1:
+        return None
+    option = suspects[0]
+    kind = f" ({type(error).__name__})" if isinstance(error, ArithmeticError) else ""
+    return f"{option} {_shown(options[option])}: {message.rstrip('.')}{kind}. Give {option} another value."
+
+
+def options_set(config, defaults) -> dict[str, Any]:
+    """The options whose parsed value differs from the parser's default, by their command-line names.
+
+    `config` and `defaults` are jsonargparse Namespaces of one subcommand; `model.init_args.optimizer.init_args.lr`
+    becomes `--model.optimizer.lr` and `model.class_path` becomes `--model`.
+    """
+    default_values = dict(defaults.items(branches=False))
+    chosen = {}
+    for key, value in config.items(branches=False):
+        if key in default_values and default_values[key] == value:
+            continue
+        parts = [part for part in key.split(".") if part not in ("init_args", "class_path", "dict_kwargs")]
+        chosen["--" + ".".join(parts)] = value
+    return chosen
+
+
+def _value_in(value: Any, message: str) -> bool:
+    values = value if isinstance(value, list | tuple) else [value]
+    for item in values:
+        if item is None or isinstance(item, bool) or str(item) == "":
+            continue
+        if re.search(rf"(?<![\w.-]){re.escape(str(item))}(?!\w|\.\d)", message):
+            return True
+    return False
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
+def _shown(value: Any) -> str:
+    return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list | tuple) else str(value)

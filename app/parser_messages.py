@@ -1,0 +1,144 @@
+"""jsonargparse's error messages cut down to their deepest cause, in words a user acts on.
+
+jsonargparse reports a bad `--model.optimizer.lr abc` as a tree: the model's Union subtypes, the error of each,
+the optimizer's type, its Union subtypes... 900 characters where the cause is "expected a number". `shorten` finds
+the option from the chain of `Parser key "..."` lines and the cause from the deepest of them.
+"""
+
+import importlib
+import re
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.profilers import Profiler
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from models import ImageClassifier
+
+LIMIT = 300
+# Where the class names of this program's class options come from (other options: the type in the message).
+BASE_CLASSES = {
+    "--model": ImageClassifier,
+    "--model.optimizer": Optimizer,
+    "--model.lr_scheduler": LRScheduler,
+    "--trainer.callbacks": Callback,
+    "--trainer.logger": Logger,
+    "--trainer.profiler": Profiler,
+}
+KINDS = {
+    "<class 'int'>": "an integer",
+    "<class 'float'>": "a number",
+    "<class 'bool'>": "true or false",
+    "<class 'str'>": "a string",
+    "<class 'dict'>": "a mapping",
+    "<class 'tuple'>": "a list such as [0.9, 0.999]",
+    "<class 'list'>": "a list such as [1, 2]",
+    "<class 'NoneType'>": "null",
+    "PositiveInt": "a positive integer",
+    "NonNegativeInt": "an integer >= 0",
+    "PositiveFloat": "a positive number",
+    "NonNegativeFloat": "a number >= 0",
+    "ClosedUnitInterval": "a number in [0, 1]",
+    "OpenUnitInterval": "a number in (0, 1)",
+}
+
+
+def shorten(message: str, argv: list[str]) -> str:
+    """The one line to print for a jsonargparse error `message` about the command line `argv`."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    if not keys:
+        line = " ".join(message.split())
+        if "unrecognized arguments" in line or "does not accept option" in line:
+            line += ". `python train.py fit --help` lists every option."
+        return _cut(line)
+    option = "--" + ".".join(keys)
+    deepest = message[message.rfind('Parser key "') :].split(":", 1)[1]
+    value = _given_value(option, argv, deepest)
+    classes = re.findall(r"class_path[=\s]'([\w.]+)'", deepest) or re.findall(r"class_path[=\s]'([\w.]+)'", message)
+    if rejected := re.search(r"Option '([^']+)' is not accepted", deepest):
+        owner, argument = (classes[-1] if classes else option), rejected.group(1)
+        return _cut(
+            f"{option}.{argument}: {owner} takes no argument '{argument}'."
+            f" `python train.py fit {option}.help {owner}` lists the arguments it takes."
+        )
+    if required := re.search(r"the following arguments are required: ([\w, ]+)", deepest):
+        owner = classes[-1] if classes else option
+        needed = ", ".join(f"{option}.{name.strip()}" for name in required.group(1).split(","))
+        return _cut(f"{option} {owner}: {owner} needs {needed}; give it on the command line or in the config.")
+    if ambiguous := re.search(
+        r"Multiple subclasses with name (\w+)\. Give the full class path[^:]*: (.*?)\.?\n", deepest
+    ):
+        return _cut(f"{option} {ambiguous.group(1)}: several classes have that name; give one of {ambiguous.group(2)}.")
+    expected = _expected_kinds(deepest)
+    looks_like_a_class = re.fullmatch(r"([a-z_]\w*\.)*[A-Z]\w*", value) is not None
+    if ("import path" in deepest or "has no attribute" in deepest) and (looks_like_a_class or not expected):
+        return _cut(f"{option} {value}: no such class. {_choices(option, message)}")
+    if expected:
+        return _cut(f"{option} {value}: expected {' or '.join(expected)}.")
+    return _cut(f"{option}: {' '.join(deepest.split())}")
+
+
+def _given_value(option: str, argv: list[str], deepest: str) -> str:
+    """The value as the user typed it (`--opt VALUE`, `--opt=VALUE`), else as jsonargparse reports it."""
+    for index, token in enumerate(argv):
+        if token == option and index + 1 < len(argv):
+            return argv[index + 1]
+        if token.startswith(f"{option}=") or token.startswith(f"{option}+="):
+            return token.split("=", 1)[1]
+    if found := re.search(r"'class_path': '([\w.]+)'", deepest):  # a class named in a config file
+        return found.group(1)
+    if found := re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", deepest) or re.search(
+        r"Given value: (.*)", deepest
+    ):
+        return found.group(1).strip()
+    return ""
+
+
+def _expected_kinds(deepest: str) -> list[str]:
+    """What the option takes, in words, when the deepest cause names basic types (not a class)."""
+    kinds = []
+    for restriction in re.findall(r"Not of type (\w+)", deepest):
+        kinds.append(KINDS.get(restriction, restriction))
+    literals = [
+        item.strip().strip("'")
+        for found in re.findall(r"Expected a typing\.Literal\[(.*?)\]", deepest)
+        for item in found.split(",")
+    ]
+    if literals:
+        kinds.append("one of " + ", ".join(dict.fromkeys(literals)))
+    for name in re.findall(r"Expected a (<class '[\w.]+'>)", deepest):
+        if name in KINDS:
+            kinds.append(KINDS[name])
+    return list(dict.fromkeys(kind for kind in kinds if kind != "null" or len(kinds) > 1))
+
+
+def _choices(option: str, message: str) -> str:
+    """Where the valid class names come from: the subclasses of the type the option takes."""
+    base = BASE_CLASSES.get(option) or _type_in(message)
+    if base is None:
+        return "Give a class name or a full import path such as mypackage.MyClass."
+    subclasses = sorted({cls.__name__ for cls in _subclasses(base) if not cls.__name__.startswith("_")})
+    shown = ", ".join(subclasses[:6]) + (", ..." if len(subclasses) > 6 else "")
+    return f"Name a subclass of {base.__module__}.{base.__name__} ({shown}) or give a full import path."
+
+
+def _type_in(message: str) -> type | None:
+    for path in re.findall(r"([a-z_]\w*(?:\.\w+)+\.[A-Z]\w*)", message.split("Errors:")[0]):
+        module_name, _, class_name = path.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _subclasses(base: type) -> list[type]:
+    found = []
+    for cls in base.__subclasses__():
+        found += [cls, *_subclasses(cls)]
+    return found
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= LIMIT else line[: LIMIT - 3] + "..."

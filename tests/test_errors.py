@@ -1,0 +1,367 @@
+"""Every mistake a user can make ends in one line and a non-zero exit, with no traceback and nothing lost.
+
+One group of tests per kind of mistake (the README's error table lists them). Each kind has a real `train.py` run,
+with two processes where processes are involved; the many cases of a kind go through `main()` in this process,
+which is the same code without the start-up of a new interpreter.
+"""
+
+import json
+import signal
+import struct
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import main
+from tests.helpers import REPO, run_train
+from tests.synthetic import write_idx
+
+VAL_SIZE = 200  # 1000 training samples: 10 steps per epoch with 2 processes of 50
+
+
+def one_run(data_dir: Path, root: Path, *args: str, devices: str = "2", epochs: str = "1") -> tuple[str, ...]:
+    return (
+        *("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", str(VAL_SIZE)),
+        *("--data.batch_size", "50", "--trainer.max_epochs", epochs, "--trainer.default_root_dir", str(root)),
+        *("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--devices", devices),
+        *args,
+    )
+
+
+def error_line(argv: list[str]) -> str:
+    """Run `train.py ARGV` in this process; the one line it ends with (sys.exit prints it, exit status 1)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    message = exit_info.value.code
+    assert isinstance(message, str) and message.startswith("error: "), message
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def assert_one_error_line(result, *words: str) -> str:
+    """A real run ended with status 1 and one `error:` line from one process, with `words` in it."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    assert lines == [result.stderr.strip().splitlines()[-1]]
+    for word in words:
+        assert word in lines[0]
+    return lines[0]
+
+
+# 1. Checkpoint paths and files
+
+
+def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
+    """A file (or folder) of the given kind where a checkpoint should be."""
+    path = folder / f"{kind}.ckpt"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "empty":
+        path.touch()
+    elif kind == "truncated":
+        path.write_bytes(good.read_bytes()[:50_000])
+    elif kind == "text":
+        path.write_text("epoch: 3\nweights: somewhere else\n")
+    elif kind == "image":
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
+    elif kind == "tensor":
+        torch.save(torch.zeros(3), path)
+    elif kind == "state_dict_only":
+        torch.save(torch.load(good, weights_only=True)["state_dict"], path)
+    elif kind == "other_zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("notes.txt", "not a checkpoint")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("missing", "no such file"),
+        ("folder", "is a folder, not a checkpoint file"),
+        ("empty", "is empty (0 bytes)"),
+        ("truncated", "is truncated or corrupt"),
+        ("text", "is not a checkpoint"),
+        ("image", "is not a checkpoint"),
+        ("tensor", "is no Lightning checkpoint"),
+        ("state_dict_only", "is no Lightning checkpoint"),
+        ("other_zip", "is truncated or corrupt"),
+    ],
+)
+@pytest.mark.parametrize("subcommand", ["test", "fit", "predict", "export"])
+def test_a_bad_checkpoint_file_ends_in_one_line(checkpoint, data_dir, tmp_path, kind, words, subcommand):
+    path = bad_checkpoint(kind, tmp_path, checkpoint[0])
+    if subcommand == "export":
+        argv = ["export", "--ckpt_path", str(path), "--format", "torchscript", "--output", str(tmp_path / "m.pt")]
+    else:
+        argv = [subcommand, "--ckpt_path", str(path), "--data.data_dir", str(data_dir), "--trainer.accelerator", "cpu"]
+    message = error_line(argv)
+    assert f"--ckpt_path {path}" in message and words in message
+    assert "could run code" not in message
+
+
+def test_a_truncated_checkpoint_ends_in_one_line_from_a_real_run(checkpoint, data_dir, tmp_path):
+    path = bad_checkpoint("truncated", tmp_path, checkpoint[0])
+    result = run_train("test", *one_run(data_dir, tmp_path, "--ckpt_path", str(path)), timeout=120)
+    assert_one_error_line(result, f"--ckpt_path {path} is truncated or corrupt", "another checkpoint")
+
+
+@pytest.mark.parametrize("subcommand", ["test", "fit"])
+def test_a_checkpoint_of_another_model_than_model_names_is_refused(checkpoint, data_dir, tmp_path, subcommand):
+    argv = one_run(data_dir, tmp_path, "--model", "ConvNet", "--ckpt_path", str(checkpoint[0]))
+    result = run_train(subcommand, *argv, timeout=120)
+    assert_one_error_line(result, "holds a SeqNet, but --model names ConvNet", "leave --model out")
+    assert not (tmp_path / "ConvNet-mnist").exists()
+
+
+def test_weights_that_do_not_fit_the_model_are_refused(checkpoint, data_dir, tmp_path):
+    """A checkpoint of the same class whose weights have other shapes: from an older version of the network, say."""
+    saved = torch.load(checkpoint[0], weights_only=True)
+    saved["state_dict"] = {name: torch.zeros(3) for name in saved["state_dict"]}
+    other = tmp_path / "other.ckpt"
+    torch.save(saved, other)
+    argv = ["test", "--ckpt_path", str(other), "--data.data_dir", str(data_dir), "--devices", "1"]
+    message = error_line([*argv, "--trainer.default_root_dir", str(tmp_path)])
+    assert f"--ckpt_path {other} does not fit models.SeqNet" in message and "size mismatch" in message
+
+
+# 2. Values the parser accepts but torch, Lightning or the model reject later
+
+
+def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data_dir, tmp_path):
+    result = run_train(*one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1"), timeout=120)
+    assert_one_error_line(result, "--model.optimizer.lr -1.0: Invalid learning rate", "Give --model.optimizer.lr")
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--model.optimizer.betas", "[2, 0.5]"], "--model.optimizer.betas [2.0, 0.5]"),
+        (["--model.optimizer", "SGD", "--model.optimizer.momentum", "-1"], "--model.optimizer.momentum -1.0"),
+        (["--model.optimizer.weight_decay", "-0.1"], "--model.optimizer.weight_decay -0.1"),
+        (["--model.lr_scheduler", "StepLR", "--model.lr_scheduler.step_size", "0"], "--model.lr_scheduler.step_size 0"),
+        (
+            ["--model.lr_scheduler", "CosineAnnealingLR", "--model.lr_scheduler.T_max", "0"],
+            "--model.lr_scheduler.T_max 0",
+        ),
+        (["--trainer.log_every_n_steps", "0"], "--trainer.log_every_n_steps 0"),
+        (["--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches 0"),
+        (["--trainer.check_val_every_n_epoch", "0"], "--trainer.check_val_every_n_epoch 0"),
+        (["--trainer.val_check_interval", "5000"], "--trainer.val_check_interval 5000"),
+        (["--trainer.max_epochs", "-5"], "--trainer.max_epochs -5"),
+        (["--trainer.limit_train_batches", "1.5"], "--trainer.limit_train_batches 1.5"),
+        (["--trainer.num_nodes", "0"], "--trainer.num_nodes 0"),
+        (["--trainer.strategy", "nope"], "--trainer.strategy nope"),
+        (["--trainer.accelerator", "tpuu"], "--trainer.accelerator tpuu"),
+        (["--trainer.gradient_clip_algorithm", "sideways"], "--trainer.gradient_clip_algorithm sideways"),
+        (["--trainer.max_time", "00:xx:00"], "--trainer.max_time 00:xx:00"),
+        (["--checkpoint.save_top_k", "-2"], "--checkpoint.save_top_k -2"),
+        (["--checkpoint.monitor", "val/nope"], "--checkpoint.monitor val/nope"),
+        (["--seed_everything", "-1"], "--seed_everything -1"),
+    ],
+)
+def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, args, named):
+    message = error_line(list(one_run(data_dir, tmp_path, *args, devices="1")))
+    assert message.startswith(f"error: {named}: ")
+    assert message.endswith(f"Give {named.split()[0]} another value.")
+
+
+# 3. Parser messages
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--model", "ResNet"], ["--model ResNet: no such class", "models.base.ImageClassifier (ConvNet, SeqNet)"]),
+        (["--model.optimizer", "Adamm"], ["--model.optimizer Adamm: no such class", "torch.optim", "Adam"]),
+        (["--model.lr_scheduler", "Nope"], ["no such class", "LRScheduler", "ConstantLR"]),
+        (["--trainer.callbacks+=Nope"], ["--trainer.callbacks Nope: no such class", "Callback"]),
+        (["--model.optimizer.momentum", "0.9"], ["torch.optim.Adam takes no argument 'momentum'", "--model.optimizer"]),
+        (["--model", "ConvNet", "--model.dropout", "0.5"], ["models.ConvNet takes no argument 'dropout'"]),
+        (["--model.optimizer.lr", "fast"], ["--model.optimizer.lr fast: expected a number"]),
+        (["--trainer.max_epochs", "many"], ["--trainer.max_epochs many: expected an integer"]),
+        (["--data.batch_size", "-5"], ["--data.batch_size -5: expected a positive integer"]),
+        (["--data.dataset", "cifar10"], ["--data.dataset cifar10: expected one of mnist, fashion_mnist"]),
+        (["--trainer.precision", "17"], ["--trainer.precision 17: expected one of", "16-mixed"]),
+        (["--model.one_cycle", "maybe"], ["--model.one_cycle maybe: expected true or false"]),
+        (["--model.optimizer.betas", "3"], ["--model.optimizer.betas 3: expected a list"]),
+        (["--model.lr_scheduler", "StepLR"], ["StepLR needs --model.lr_scheduler.step_size"]),
+        (["--model.lr_scheduler", "ReduceLROnPlateau"], ["several classes have that name", "torch.optim.lr_scheduler"]),
+    ],
+)
+def test_a_parser_error_says_its_deepest_cause_in_under_300_characters(args, words):
+    message = error_line(args)
+    assert len(message) < 300, message
+    assert "Union" not in message and "NestedArg" not in message and "Namespace(" not in message
+    for word in words:
+        assert word in message
+
+
+def test_a_config_file_naming_an_unknown_class_says_where_the_choices_come_from(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("model:\n  class_path: models.ResNet\n")
+    message = error_line(["--config", str(config)])
+    assert "--model models.ResNet: no such class" in message and len(message) < 300
+
+
+def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):
+    result = run_train(*one_run(data_dir, tmp_path, "--model.optimizer", "Adamm"), timeout=60)
+    line = assert_one_error_line(result, "--model.optimizer Adamm: no such class")
+    assert len(line) < 300
+
+
+# 4. Files the program reads
+
+
+def spoil(raw: Path, kind: str) -> None:
+    """Make the training files of `raw` invalid in the way `kind` names."""
+    images, labels = raw / "train-images-idx3-ubyte", raw / "train-labels-idx1-ubyte"
+    count = int.from_bytes(labels.read_bytes()[4:8], "big")
+    if kind == "label_out_of_range":
+        write_idx(labels, torch.full((count,), 12))
+    elif kind == "not_28x28":
+        write_idx(images, torch.zeros(count, 32, 32))
+    elif kind == "fewer_labels":
+        write_idx(labels, torch.zeros(count - 1))
+    elif kind == "no_images":
+        write_idx(images, torch.zeros(0, 28, 28))
+        write_idx(labels, torch.zeros(0))
+    elif kind == "trailing_bytes":
+        images.write_bytes(images.read_bytes() + b"\0\0\0")
+    elif kind == "wrong_magic":
+        images.write_bytes(b"\0\0\x0a\x03" + images.read_bytes()[4:])
+    elif kind == "labels_as_images":
+        images.write_bytes(labels.read_bytes())
+    elif kind == "float_pixels":
+        pixels = torch.zeros(count, 28, 28).numpy().astype(">f4").tobytes()
+        images.write_bytes(struct.pack(">I3I", 0x0D03, count, 28, 28) + pixels)
+    elif kind == "text":
+        images.write_text("these are not images")
+
+
+def copy_of_the_data(data_dir: Path, folder: Path) -> Path:
+    raw = folder / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for source in (data_dir / "MNIST" / "raw").iterdir():
+        (raw / source.name).write_bytes(source.read_bytes())
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("label_out_of_range", "labels must be 0 to 9, and one is 12"),
+        ("not_28x28", "the images are 32x32 pixels, not 28x28"),
+        ("fewer_labels", "images but"),
+        ("no_images", "are corrupt or truncated"),
+        ("trailing_bytes", "are corrupt or truncated"),
+        ("wrong_magic", "are corrupt or truncated"),
+        ("labels_as_images", "are corrupt or truncated"),
+        ("float_pixels", "are corrupt or truncated"),
+        ("text", "are corrupt or truncated"),
+    ],
+)
+def test_invalid_data_files_end_in_one_line_when_loaded(data_dir, tmp_path, kind, words):
+    spoil(copy_of_the_data(data_dir, tmp_path / "data"), kind)
+    message = error_line(list(one_run(tmp_path / "data", tmp_path, devices="1")))
+    assert f"The train files in {tmp_path / 'data' / 'MNIST' / 'raw'}" in message and words in message
+    assert "Delete them and download or copy them again." in message
+
+
+def test_labels_out_of_range_stop_a_real_run_before_training(data_dir, tmp_path):
+    spoil(copy_of_the_data(data_dir, tmp_path / "data"), "label_out_of_range")
+    result = run_train(*one_run(tmp_path / "data", tmp_path), timeout=120)
+    assert_one_error_line(result, "labels must be 0 to 9, and one is 12")
+    assert "Global batch" not in result.stdout  # training never started
+
+
+# 5. Folders the program writes
+
+
+@pytest.mark.parametrize(
+    "option", ["--trainer.default_root_dir", "--checkpoint.dirpath", "--last_checkpoint.dirpath", "--predictions.path"]
+)
+def test_a_folder_that_cannot_be_written_ends_in_one_line_before_the_run(checkpoint, data_dir, tmp_path, option):
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("a file where a folder is needed")
+    target = in_the_way / "runs"
+    subcommand = ["predict", "--ckpt_path", str(checkpoint[0])] if option == "--predictions.path" else []
+    message = error_line([*subcommand, *one_run(data_dir, tmp_path / "ok", option, str(target), devices="1")])
+    assert f"{option} " in message and "cannot write there" in message and "Choose a folder you can write to" in message
+
+
+def test_an_unwritable_run_folder_stops_a_real_run_at_once(data_dir, tmp_path):
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("a file where a folder is needed")
+    result = run_train(*one_run(data_dir, in_the_way / "runs"), timeout=60)
+    assert_one_error_line(result, f"--trainer.default_root_dir {in_the_way / 'runs'}: cannot write there")
+
+
+def test_predictions_path_may_name_a_folder(checkpoint, data_dir, tmp_path):
+    argv = ["predict", "--ckpt_path", str(checkpoint[0]), "--predictions.path", str(tmp_path)]
+    main([*argv, "--data.data_dir", str(data_dir), "--devices", "1", "--trainer.default_root_dir", str(tmp_path)])
+    assert (tmp_path / "predictions.csv").is_file()
+
+
+# 6. Training that diverges
+
+
+def saved_step(root: Path) -> int:
+    last = root / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    return torch.load(last, map_location="cpu", weights_only=True)["global_step"]
+
+
+def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    argv = one_run(data_dir, tmp_path, "--model.one_cycle", "false", "--sigterm_check.every_n_steps", "4", epochs="3")
+    result = run_train(*argv, "--trainer.callbacks+=tests.helpers.DivergeInEpoch", "--trainer.callbacks.epoch", "1")
+    line = assert_one_error_line(result, "the training loss became NaN or infinite by step", "(epoch 1)")
+    assert "lower the learning rate (--model.optimizer.lr" in line and "keeps the weights of epoch 0" in line
+    assert saved_step(tmp_path) == 10  # epoch 0's last.ckpt, not overwritten with diverged weights
+    last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    assert all(weights.isfinite().all() for weights in torch.load(last, weights_only=True)["state_dict"].values())
+
+
+# 7. Ctrl-C
+
+
+def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_continue(data_dir, tmp_path):
+    argv = one_run(data_dir, tmp_path, "--sigterm_check.every_n_steps", "4", epochs="3")
+    ctrl_c = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.step", "13")
+    result = run_train(*argv, *ctrl_c, timeout=120)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
+    output = result.stdout + result.stderr
+    assert "Stopped by SIGINT (Ctrl-C) in epoch 1, after step 16;" in output
+    assert "holds the last finished epoch: continue with --ckpt_path last" in output
+    assert saved_step(tmp_path) == 10
+    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, cwd=REPO).stdout
+    assert leftovers == ""
+
+
+def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
+    argv = one_run(data_dir, tmp_path, "--sigterm_check.every_n_steps", "1000", epochs="50")
+    presses = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.presses", "2")
+    result = run_train(*argv, *presses, "--trainer.callbacks.step", "3", timeout=120)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "Finished" not in result.stdout + result.stderr
+
+
+# 8. Durable checkpoints
+
+
+def test_checkpoints_reach_the_disk_before_and_after_their_rename(data_dir, tmp_path):
+    argv = one_run(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.RecordDurableWrites", devices="1")
+    result = run_train("fit", *argv, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = json.loads((tmp_path / "durable_writes.json").read_text())
+    folder = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints"
+    partial, last = str(folder / ".last.ckpt.partial"), str(folder / "last.ckpt")
+    renamed = events.index(["rename", partial, last])
+    assert ["fsync", partial] in events[:renamed]  # the data first
+    assert ["fsync", str(folder)] in events[renamed + 1 :]  # then the folder entry that names it
