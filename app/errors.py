@@ -56,6 +56,11 @@ VALUE_ERRORS = (
 # Errors of this program and the parser, whose messages say already what to do.
 OWN_ERRORS = (UserError, DataError, ArgumentError)
 OTHER_RANKS_WAIT_S = 3.0
+# What gloo and NCCL raise in a rank whose peer has gone: the peer's own message says why it went.
+PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited")
+PEER_LOST_MESSAGE = (
+    "another process of the job stopped or failed, and this one lost its connection to it (see its message)."
+)
 
 
 def one_line(error: BaseException) -> str:

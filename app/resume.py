@@ -11,6 +11,7 @@ its first start. Every process finds the same folder and checkpoint on its own: 
 from collections.abc import Iterable
 from pathlib import Path
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 
@@ -31,3 +32,18 @@ def newest_checkpoint(checkpoint_folders: Iterable[Path], root: Path) -> Path | 
     if SLURMEnvironment.detect():
         candidates += root.glob("hpc_ckpt_*.ckpt")
     return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def resume_from_newest_checkpoint(trainer: Trainer, root: Path, subcommand: str) -> str | None:
+    """The checkpoint `--ckpt_path last` stands for, as a path, or None to start afresh (`fit` only)."""
+    run_folder = Path(trainer.log_dir) if trainer.loggers else root
+    folders = {Path(c.dirpath or run_folder / "checkpoints") for c in trainer.checkpoint_callbacks}
+    checkpoint = newest_checkpoint(folders, root)
+    if checkpoint is None and subcommand != "fit":
+        raise FileNotFoundError(
+            f"--ckpt_path last: no last checkpoint in {run_folder}. Train first, or give --ckpt_path FILE."
+        )
+    if trainer.global_rank == 0:
+        found = f"resuming from {checkpoint}" if checkpoint else f"nothing to resume in {root}, starting afresh"
+        print(f"--ckpt_path last: {found}")
+    return str(checkpoint) if checkpoint else None

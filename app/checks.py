@@ -1,0 +1,66 @@
+"""Checks before the launch: what can be found wrong is found by one process, before the others start.
+
+Lightning finds most of these too, but only after the launch: with a traceback from every process, or, for a
+folder it cannot write, after the time spent training.
+"""
+
+import tempfile
+from pathlib import Path
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
+
+from app.errors import UserError
+
+
+def check_launcher(trainer: Trainer) -> None:
+    """Stop when the launcher (torchrun, SLURM) started other processes than --devices x --num_nodes asks for."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is None:
+        return
+    try:
+        environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+    except ValueError as error:
+        raise MisconfigurationException(f"{error} Make --devices and --num_nodes match the launcher.") from error
+
+
+def check_sync_batchnorm(trainer: Trainer, sync_batchnorm: bool) -> None:
+    if sync_batchnorm and isinstance(trainer.accelerator, CPUAccelerator):
+        raise MisconfigurationException(
+            "--trainer.sync_batchnorm true needs GPUs: torch's SyncBatchNorm has no CPU implementation. On CPU,"
+            " leave it off (each process then normalises with its own batch statistics)."
+        )
+
+
+def check_writable(option: str, folder: str | Path) -> None:
+    """Create `folder` if needed and write a file there, or say in one line why that cannot be done.
+
+    A folder under a file, on a read-only disk or without permission would otherwise fail in the middle of the run.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        if isinstance(error, (FileExistsError, NotADirectoryError)):
+            reason = f"{reason}: a file stands where a folder is needed"
+        raise UserError(
+            f"{option} {folder}: cannot write there ({reason}). Choose a folder you can write to."
+        ) from error
+
+
+def check_data(trainer: Trainer, datamodule: LightningDataModule, stages: tuple[str, ...]) -> None:
+    """Download and decode the data now, before Lightning's launcher starts the other processes.
+
+    A missing or corrupt file then stops the program with one message from one process. Only local rank 0
+    does this (the launching process, or with torchrun/SLURM the first process of each node), as Lightning
+    does with `prepare_data`; the other processes load the data in `setup`, after Lightning's barrier.
+    """
+    if trainer.local_rank != 0:
+        return
+    datamodule.prepare_data()
+    for stage in stages:
+        datamodule.setup(stage)

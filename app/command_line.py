@@ -1,0 +1,37 @@
+"""train.py's command line before LightningCLI sees it: the `--devices`/`--num_nodes` shortcuts, and `fit` put in
+front when no subcommand is named (the program then fits and tests)."""
+
+from lightning.pytorch.cli import LightningCLI
+
+SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
+
+
+def parse_command(argv: list[str]) -> tuple[list[str], bool]:
+    """Turn `train.py`'s command line into LightningCLI arguments, and say whether to test after fitting.
+
+    With no subcommand the program fits and then tests, so `fit` is put in front. The shortcuts `--devices N`
+    and `--num_nodes N` become `--trainer.devices N` and `--trainer.num_nodes N`, placed after the subcommand.
+    """
+    args, shortcuts = [], []
+    tokens = iter(argv)
+    for token in tokens:
+        name, has_value, value = token.partition("=")
+        if name in SHORTCUTS:
+            shortcuts.append(f"{SHORTCUTS[name]}={value if has_value else next(tokens, '')}")
+        else:
+            args.append(token)
+    test_after_fit = subcommand_of(args) is None and args[:1] not in (["-h"], ["--help"])
+    if test_after_fit:
+        args.insert(0, "fit")
+    return args + shortcuts, test_after_fit
+
+
+def subcommand_of(args: list[str]) -> str | None:
+    """The subcommand `args` name where LightningCLI takes one (first, or after `--config FILE`), or None."""
+    tokens = iter(args)
+    for token in tokens:
+        if token in ("-c", "--config"):
+            next(tokens, None)
+        elif not token.startswith(("--config=", "--print_config")):
+            return token if token in LightningCLI.subcommands() else None
+    return None

@@ -1,0 +1,256 @@
+"""TrainCLI: LightningCLI with this project's models, data, callbacks and Trainer defaults, and what it adds to a run:
+the settings a checkpoint brings, resuming, the checks before the launch and the summary at the end."""
+
+from argparse import RawDescriptionHelpFormatter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+
+from app.callbacks import GlobalBatchInfo, SigtermCheck
+from app.checkpoint_io import AtomicCheckpointIO
+from app.checkpoints import read_checkpoint
+from app.checks import check_data, check_launcher, check_sync_batchnorm, check_writable
+from app.command_line import subcommand_of
+from app.dashboard import Dashboard
+from app.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
+from app.logger import LogConfigCallback, TensorBoardLogger
+from app.predictions import PredictionWriter
+from app.resume import latest_version, resume_from_newest_checkpoint
+from datamodules import MNISTDataModule
+from models import ImageClassifier
+
+DESCRIPTION = """\
+Train SeqNet or ConvNet on MNIST or FashionMNIST with PyTorch Lightning, DDP on every visible device.
+Without a subcommand it fits, then tests the best checkpoint; 'fit', 'validate', 'test' and 'predict' run one
+stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and --trainer.num_nodes.
+
+  python train.py --model ConvNet --data.dataset mnist --devices 2
+  python train.py test --ckpt_path runs/ConvNet-mnist/version_0/checkpoints/last.ckpt
+  python train.py --model ConvNet --data.dataset mnist --ckpt_path last    # continue the latest such run
+
+Every option: python train.py fit --help"""
+
+TRAINER_DEFAULTS = {
+    "strategy": "ddp",
+    "accelerator": "auto",
+    "devices": "auto",
+    "max_epochs": 10,
+    "default_root_dir": "runs",
+    "callbacks": [GlobalBatchInfo()],
+}
+
+
+class HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help, keeping the line breaks of DESCRIPTION."""
+
+
+class TrainCLI(LightningCLI):
+    """LightningCLI with the Trainer defaults of this project and a fit-then-test default command."""
+
+    def __init__(self, args: list[str], test_after_fit: bool = False) -> None:
+        self.test_after_fit = test_after_fit
+        self.chosen_subcommand = subcommand_of(args)
+        super().__init__(
+            model_class=ImageClassifier,
+            subclass_mode_model=True,
+            datamodule_class=MNISTDataModule,
+            trainer_defaults=TRAINER_DEFAULTS,
+            seed_everything_default=42,
+            auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
+            save_config_callback=LogConfigCallback,
+            # Each run logs into a new version folder; overwriting only matters when a user pins the version.
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"exit_on_error": False, "description": DESCRIPTION, "formatter_class": HelpFormatter},
+            args=args,
+        )
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """The subcommand this run asks for, alone: LightningCLI builds a parser for each subcommand it lists, in every
+        process (0.37 s for all four under cProfile). All of them when none is named (`train.py --help`)."""
+        every = LightningCLI.subcommands()
+        return {self.chosen_subcommand: every[self.chosen_subcommand]} if self.chosen_subcommand else every
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({"model": "models.SeqNet"})
+        # Two checkpoint callbacks: the best by val/acc, and last.ckpt written after every epoch. One callback with
+        # save_last=True would not do: since Lightning 2.6 it rewrites last.ckpt only when a new best is saved.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max"})
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
+        parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.add_lightning_class_args(Dashboard, "dashboard")
+        parser.add_lightning_class_args(SigtermCheck, "sigterm_check")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
+        """Parse; with `--ckpt_path FILE` the checkpoint's model and data settings become the defaults.
+
+        Lightning restores the model's hyperparameters from the checkpoint, but not the datamodule's, so
+        `test --ckpt_path` would evaluate a MNIST model on FashionMNIST. Options given on the command line or in a
+        config file still win over the checkpoint's, so the data can be read from another folder; a `--model` other
+        than the checkpoint's is refused, since Lightning would silently replace it with the checkpoint's.
+        """
+        self._load_checkpoints_as_data_only()
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if (
+            not ckpt_path
+            or ckpt_path in ("last", "best", "hpc")
+            or ckpt_path.startswith("registry")
+            or "://" in ckpt_path
+        ):
+            return  # Lightning's own names, and remote files that Lightning loads itself
+        checkpoint = read_checkpoint(ckpt_path)
+        data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
+        data_hparams.pop("_instantiator", None)
+        defaults = {f"data.{k}": v for k, v in data_hparams.items()}
+        saved_model = checkpoint.get("hyper_parameters", {}).get("_class_path")
+        if saved_model:
+            defaults["model"] = saved_model
+        self._subcommand_parsers[subcommand].set_defaults(defaults)
+        super().parse_arguments(parser, args)
+        chosen_model = self.config[subcommand].model.class_path
+        if saved_model and chosen_model != saved_model:
+            saved, chosen = saved_model.rsplit(".", 1)[-1], chosen_model.rsplit(".", 1)[-1]
+            raise UserError(
+                f"--ckpt_path {ckpt_path} holds a {saved}, but --model names {chosen}: leave --model out (the"
+                f" checkpoint's model is used), or give a checkpoint of {chosen}."
+            )
+
+    def _set_seed(self) -> None:
+        with self._errors_named_by_option():
+            super()._set_seed()
+
+    def instantiate_classes(self) -> None:
+        with self._errors_named_by_option():
+            super().instantiate_classes()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with self._errors_named_by_option():
+            super()._run_subcommand(subcommand)
+
+    @contextmanager
+    def _errors_named_by_option(self) -> Iterator[None]:
+        """A value the parser accepted but torch, Lightning or the model rejected later (`--model.optimizer.lr -1`,
+        `--trainer.log_every_n_steps 0`): one line that names the option, instead of a traceback from every rank.
+        An error that no option the user set can explain is raised as it is."""
+        try:
+            yield
+        except VALUE_ERRORS as error:
+            if isinstance(error, OWN_ERRORS):
+                raise
+            subcommand = self.config.subcommand
+            config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
+            if isinstance(error, RuntimeError) and "loading state_dict" in str(error):
+                raise UserError(
+                    f"--ckpt_path {config.ckpt_path} does not fit {config.model.class_path}: {one_line(error)[:150]}"
+                    " Give a checkpoint of this model."
+                ) from error
+            line = blame_option(error, options_set(config, defaults))
+            if line is None:
+                raise
+            raise UserError(line) from error
+
+    def _load_checkpoints_as_data_only(self) -> None:
+        """Default `--weights_only true`: loading a checkpoint cannot run code.
+
+        Lightning's default (None) leaves files to torch, which loads them weights-only since torch 2.6, but
+        unpickles anything from a URL. This program's checkpoints hold tensors and plain settings only, so they load
+        either way; one that needs `--weights_only false` should come from a source one trusts.
+        """
+        for subparser in self._subcommand_parsers.values():
+            if "--weights_only" in subparser._option_string_actions:  # a `weights_only` argument, Lightning >= 2.6
+                subparser.set_defaults({"weights_only": True})
+
+    def instantiate_trainer(self, **kwargs):
+        """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and
+        checkpoint files written atomically (unless --trainer.plugins says otherwise). When resuming, reuse the
+        latest run's folder and start from its newest checkpoint (see `app/resume.py`)."""
+        trainer_config = self._get(self.config_init, "trainer")
+        root = Path(trainer_config["default_root_dir"] or ".")
+        resuming = self._resuming()
+        if trainer_config["plugins"] is None:
+            kwargs["plugins"] = [AtomicCheckpointIO()]
+        if trainer_config["logger"] in (None, True):
+            run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
+            version = latest_version(root / run_name) if resuming else None
+            kwargs["logger"] = TensorBoardLogger(save_dir=root, name=run_name, version=version)
+        trainer = super().instantiate_trainer(**kwargs)
+        if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        if resuming:
+            self.config_init[self.subcommand]["ckpt_path"] = resume_from_newest_checkpoint(
+                trainer, root, self.subcommand
+            )
+        return trainer
+
+    def _resuming(self) -> bool:
+        return self.config_init[self.subcommand].get("ckpt_path") == "last"
+
+    def _output_folders(self) -> dict[str, Path | str]:
+        """The folders global rank 0 writes the run's logs, checkpoints and predictions into, by option."""
+        folders = {"--trainer.default_root_dir": self.trainer.default_root_dir}
+        for name in ("checkpoint", "last_checkpoint"):
+            if dirpath := self._get(self.config, f"{name}.dirpath"):
+                folders[f"--{name}.dirpath"] = dirpath
+        if self.subcommand == "predict" and (path := self._get(self.config, "predictions.path")):
+            folders["--predictions.path"] = path if Path(path).is_dir() else Path(path).parent
+        return folders
+
+    def _check_before_launch(self, *stages: str) -> None:
+        """What can be wrong is found here, by one process, before the others start (`app/checks.py`)."""
+        check_launcher(self.trainer)
+        if self.trainer.global_rank == 0:
+            for option, folder in self._output_folders().items():
+                check_writable(option, folder)
+        check_data(self.trainer, self.datamodule, stages)
+
+    def before_fit(self) -> None:
+        check_sync_batchnorm(self.trainer, self._get(self.config, "trainer.sync_batchnorm"))
+        self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
+
+    def before_validate(self) -> None:
+        self._check_before_launch("validate")
+
+    def before_test(self) -> None:
+        self._check_before_launch("test")
+
+    def before_predict(self) -> None:
+        self._check_before_launch("predict")
+
+    def after_fit(self) -> None:
+        checkpoint = self.trainer.checkpoint_callback  # the first one: best by val/acc
+        best = checkpoint.best_model_path if checkpoint is not None else ""
+        metrics = dict(self.trainer.callback_metrics)  # the last validation's; test() replaces them
+        if self.test_after_fit:
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            metrics.update(self.trainer.callback_metrics)
+        self._print_summary(metrics, best)
+
+    def after_predict(self) -> None:
+        writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
+        rank_zero_info(f"Predictions: {writer.csv_path(self.trainer)}")
+
+    def after_validate(self) -> None:
+        self._print_summary(self.trainer.callback_metrics)
+
+    def after_test(self) -> None:
+        self._print_summary(self.trainer.callback_metrics)
+
+    def _print_summary(self, metrics: dict, best_checkpoint: str = "") -> None:
+        """Rank 0 closes the run with its figures and where to find its checkpoint and logs."""
+        names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
+        lines = ["Finished: " + "  ".join(f"{name} {metrics[name].item():.4f}" for name in names)]
+        if best_checkpoint:
+            lines.append(f"Best checkpoint: {best_checkpoint}")
+        if self.trainer.loggers:
+            lines.append(f"Logs: {self.trainer.log_dir}")
+            lines.append(f"Dashboard: tensorboard --logdir {self.trainer.logger.save_dir}")
+        rank_zero_info("\n".join(lines))
