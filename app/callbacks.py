@@ -67,7 +67,7 @@ class SigtermCheck(Callback):
     """Act on SIGTERM, Ctrl-C, SLURM's requeue signal and a diverged loss at a step where every rank acts together.
 
     Args:
-        every_n_steps: Training steps between two checks; each check is one all-reduce of four flags. With 1 the
+        every_n_steps: Training steps between two checks; each check is one all-reduce of three flags. With 1 the
             ranks compare flags before every step, as often as Lightning does by itself.
 
     `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped all send SIGTERM; a terminal's Ctrl-C
@@ -141,10 +141,10 @@ class SigtermCheck(Callback):
 
     def _check(self, trainer: Trainer, at_epoch_end: bool) -> None:
         device = trainer.strategy.root_device
-        flags = torch.tensor([self.stop_signal or 0, self.requeue, 0, 0], dtype=torch.int32, device=device)
+        flags = torch.tensor([self.stop_signal or 0, self.requeue, 0], dtype=torch.int32, device=device)
         if self.last_loss is not None:  # on the device: the flag is made without waiting for the step to finish
             flags[2] = (~torch.isfinite(self.last_loss.detach())).any()
-        stop_signal, requeue, diverged, _ = trainer.strategy.reduce(flags, reduce_op="max").tolist()  # any rank
+        stop_signal, requeue, diverged = trainer.strategy.reduce(flags, reduce_op="max").tolist()  # any rank
         if requeue:
             self.requeue = False
             connector = trainer._signal_connector
