@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         TrainCLI(args, test_after_fit)
     except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:
         exit_with_error(describe(error, args))
-    except SIGTERMException as stop:  # every rank stopped at the same step (app/callbacks.py: SigtermCheck)
+    except SIGTERMException as stop:  # every rank stopped at the same step (app/fault_guard.py: FaultGuard)
         # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
         sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
     except KeyboardInterrupt:  # Ctrl-C before training started or after it ended

@@ -14,6 +14,8 @@ def silence_noise() -> None:
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # Lightning 2.6 calls a torch.utils._pytree API that newer torch deprecates; nothing a user can change.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # torchdata's StatefulDataLoader calls a torch function that torch deprecated; nothing a user can change.
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
     # An advertisement for a hosted logging service, printed by every Trainer.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DropAdvertisement())

@@ -14,6 +14,8 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from app.checkpoint_io import remove_partial_files
+
 
 def latest_version(run_folder: Path) -> int | None:
     """The highest N of the `version_N` folders in `run_folder`, or None when there is none."""
@@ -38,6 +40,9 @@ def resume_from_newest_checkpoint(trainer: Trainer, root: Path, subcommand: str)
     """The checkpoint `--ckpt_path last` stands for, as a path, or None to start afresh (`fit` only)."""
     run_folder = Path(trainer.log_dir) if trainer.loggers else root
     folders = {Path(c.dirpath or run_folder / "checkpoints") for c in trainer.checkpoint_callbacks}
+    if trainer.global_rank == 0:
+        for folder in folders:
+            remove_partial_files(folder)
     checkpoint = newest_checkpoint(folders, root)
     if checkpoint is None and subcommand != "fit":
         raise FileNotFoundError(

@@ -3,7 +3,7 @@ model summary or validation), but with the callback of train.py that changes the
 
 from lightning.pytorch import Trainer
 
-from app.callbacks import SigtermCheck
+from app.fault_guard import FaultGuard
 
 
 def bare_trainer(strategy="ddp", callbacks=(), sigterm_every_n_steps: int = 50, **kwargs) -> Trainer:
@@ -14,6 +14,6 @@ def bare_trainer(strategy="ddp", callbacks=(), sigterm_every_n_steps: int = 50, 
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[SigtermCheck(sigterm_every_n_steps), *callbacks],
+        callbacks=[FaultGuard(sigterm_every_n_steps), *callbacks],
         **kwargs,
     )

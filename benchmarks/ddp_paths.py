@@ -204,7 +204,7 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     """The Lightning path. `--options` (JSON) may change it: "model" and "trainer" hold keyword arguments of the
     model class and the Trainer, "strategy" those of `DDPStrategy`, "data" those of the datamodule, "adam" those of
     Adam (instead of the model's default optimizer), "sigterm_every_n_steps" sets train.py's
-    `--sigterm_check.every_n_steps` (and `run_job` puts "env" in the environment)."""
+    `--fault_guard.every_n_steps` (and `run_job` puts "env" in the environment)."""
     from lightning.pytorch import Callback
     from lightning.pytorch.strategies import DDPStrategy
 

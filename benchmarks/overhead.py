@@ -6,7 +6,7 @@ one run to the next, more than the difference it should show. Here one torchrun 
 "ddp")`) alternate with chunks of the plain loop of `ddp_paths.py` (its own copy of the model, its own
 `DistributedDataParallel`, sampler and Adam, over the same process group), so that whatever slows the machine
 down slows both. Every other Lightning chunk checks for SIGTERM before every step, as Lightning does by itself
-(`--sigterm_check.every_n_steps 1`). The median chunk of each kind gives ms per step.
+(`--fault_guard.every_n_steps 1`). The median chunk of each kind gives ms per step.
 
 A second table splits the step: the work both paths share (the model's forward, the loss, autograd's backward with
 DDP's all-reduce, Adam's update, building and normalising the batch) is timed where each path calls it; the rest
@@ -34,7 +34,7 @@ from lightning.pytorch import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.callbacks import SigtermCheck  # noqa: E402
+from app.fault_guard import FaultGuard  # noqa: E402
 from benchmarks.ddp_paths import PlainLoop, _device_name, _model, add_data_arguments, run_torchrun, sync  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from datamodules.mnist import BatchedTensorDataset  # noqa: E402
@@ -43,7 +43,7 @@ from models.base import ImageClassifier  # noqa: E402
 KINDS = {
     "plain": "plain PyTorch DDP loop",
     "lightning": "Lightning, train.py's defaults",
-    "lightning_sigterm_every_step": "Lightning, `--sigterm_check.every_n_steps 1`",
+    "lightning_sigterm_every_step": "Lightning, `--fault_guard.every_n_steps 1`",
 }
 # The work both paths share, as (owner, attribute): each path reaches it through that attribute.
 SHARED_WORK = {
@@ -150,8 +150,8 @@ class Alternate(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.plain = PlainLoop(self.args, pl_module.device)
-        self.sigterm_check = next(c for c in trainer.callbacks if isinstance(c, SigtermCheck))  # bare_trainer's
-        self.default_every_n_steps = self.sigterm_check.every_n_steps
+        self.fault_guard = next(c for c in trainer.callbacks if isinstance(c, FaultGuard))  # bare_trainer's
+        self.default_every_n_steps = self.fault_guard.every_n_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.steps += 1
@@ -166,7 +166,7 @@ class Alternate(Callback):
         chunk_index = since_warmup // self.args.chunk
         self.kind = "lightning" if chunk_index % 2 == 0 else "lightning_sigterm_every_step"
         self.clock.kind = self.kind
-        self.sigterm_check.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
+        self.fault_guard.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
         sync(pl_module.device)
         self.start = time.perf_counter()
 

@@ -6,19 +6,23 @@ is one indexing operation on that tensor; it travels to the device as uint8 (a q
 and is normalised there, in `on_after_batch_transfer`.
 """
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules.images import to_mnist_image
+from datamodules.sampler import ResumableDistributedSampler
 
 # torchvision class, mean and std of the training images (pixel values scaled to [0, 1]).
 DATASETS = {
@@ -208,10 +212,21 @@ class MNISTDataModule(LightningDataModule):
             raise DataError(f"--data.predict_dir {folder} holds no readable image: put PNG, JPEG or BMP files there.")
         return BatchedTensorDataset(torch.stack(images), torch.full((len(images),), -1))
 
-    def train_dataloader(self) -> DataLoader:
-        # A plain shuffling loader: under DDP Lightning swaps in a DistributedSampler, seeded and re-shuffled each
-        # epoch (`set_epoch`), that gives each rank an equal share.
-        return self._loader(self.train_set, self.hparams.batch_size, shuffle=True)
+    def train_dataloader(self) -> StatefulDataLoader:
+        """Each rank's share of the epoch's shuffled training set, from a loader that can stop and resume mid-epoch.
+
+        The sampler is Lightning's choice under DDP, a `DistributedSampler` seeded with the run's seed and reshuffled
+        each epoch (`set_epoch`), that can also say how far the epoch has got (`datamodules/sampler.py`). torchdata's
+        `StatefulDataLoader` puts that in every checkpoint Lightning saves, and gives it back on resume.
+        """
+        trainer = self.trainer
+        sampler = ResumableDistributedSampler(
+            self.train_set,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),  # the seed Lightning gives the samplers it injects
+        )
+        return self._loader(self.train_set, self.hparams.batch_size, sampler=sampler, loader_class=StatefulDataLoader)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, self.hparams.eval_batch_size, sampler=self._evaluation_sampler(self.val_set))
@@ -240,21 +255,54 @@ class MNISTDataModule(LightningDataModule):
         )
 
     def _loader(
-        self, dataset: BatchedTensorDataset, batch_size: int, shuffle: bool = False, sampler=None
+        self, dataset: BatchedTensorDataset, batch_size: int, sampler=None, loader_class: type = DataLoader
     ) -> DataLoader:
         on_device = self.hparams.on_device and self.trainer is not None
         if on_device:  # the loader's own copy; the splits stay in host memory for the dashboard
             dataset = BatchedTensorDataset(*(t.to(self.trainer.strategy.root_device) for t in dataset.tensors))
-        return DataLoader(
+        return loader_class(
             dataset,
             batch_size=batch_size,
-            shuffle=shuffle,
             sampler=sampler,
             num_workers=self.hparams.num_workers,
             collate_fn=already_batched,
             pin_memory=self.hparams.pin_memory and not on_device,
             persistent_workers=self.hparams.num_workers > 0,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data: the global batch, so that a run continued on another number of
+        processes takes optimizer steps of the same samples (see `load_state_dict`)."""
+        trainer = self.trainer
+        world_size, accumulated = trainer.world_size, trainer.accumulate_grad_batches
+        return {"global_batch_size": self.hparams.batch_size * world_size * accumulated, "world_size": world_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continuing a checkpoint of N processes on M: keep its global batch by changing the per-device batch.
+
+        The training sampler continues an epoch from the number of samples all ranks had taken together, so the
+        optimizer steps after the resume see the same samples as they would have without the stop only if each
+        step takes as many samples as before. Lightning calls this before it builds the training loader.
+        """
+        global_batch, world_size = state_dict.get("global_batch_size"), state_dict.get("world_size")
+        trainer = self.trainer
+        per_step = trainer.world_size * trainer.accumulate_grad_batches  # per-device batches in one optimizer step
+        unchanged = world_size == trainer.world_size or global_batch == self.hparams.batch_size * per_step
+        if global_batch is None or unchanged or trainer.state.fn != TrainerFn.FITTING:  # test, predict: no training
+            return
+        if global_batch % per_step:
+            accumulated = trainer.accumulate_grad_batches
+            fitting = [str(n) for n in range(1, global_batch + 1) if global_batch % (n * accumulated) == 0][:6]
+            raise DataError(
+                f"the checkpoint's run took global batches of {global_batch} samples, which {trainer.world_size}"
+                f" processes x {accumulated} accumulated batches cannot share equally: continue it on"
+                f" {', '.join(fitting)}... processes in all (--devices x --num_nodes), or start a new run."
+            )
+        rank_zero_info(
+            f"Continuing a run of {world_size} processes on {trainer.world_size}: per-device batch"
+            f" {self.hparams.batch_size} -> {global_batch // per_step}, to keep the global batch of {global_batch}."
+        )
+        self.hparams.batch_size = global_batch // per_step
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         """Turn the uint8 images (N, 28, 28) into normalised float images (N, 1, 28, 28), on the device.

@@ -1,6 +1,7 @@
 """Running train.py as a user does, and reading what a run leaves behind."""
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -93,6 +94,7 @@ class RecordTrainSamples(Callback):
         datamodule = trainer.datamodule
         images, _targets = datamodule.on_after_batch_transfer(datamodule.train_set.tensors, 0)
         self.index_of = {image.numpy().tobytes(): index for index, image in enumerate(images)}
+        self.seen: list[int] = []  # a run continued mid-epoch starts with no on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.seen: list[int] = []
@@ -101,9 +103,15 @@ class RecordTrainSamples(Callback):
         self.seen += [self.index_of[image.numpy().tobytes()] for image in batch[0]]
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write(trainer, "")
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._write(trainer, "_stopped")  # the part of the epoch before a stop
+
+    def _write(self, trainer: Trainer, suffix: str) -> None:
         folder = Path(trainer.default_root_dir) / "samples"
         folder.mkdir(exist_ok=True)
-        name = f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.json"
+        name = f"rank{trainer.global_rank}_epoch{trainer.current_epoch}{suffix}.json"
         (folder / name).write_text(json.dumps(self.seen))
 
 
@@ -189,6 +197,46 @@ class SigtermWhileOthersWait(Callback):
         if trainer.global_rank == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
             time.sleep(2)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class HangUpAfterStep(Callback):
+    """Test instrument: after training step `step`, rank 0 sends SIGHUP to every process of its process group, as a
+    terminal that closes (or an ssh session that drops) does."""
+
+    def __init__(self, step: int = 1) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if (trainer.global_rank, trainer.global_step) == (0, self.step):
+            os.killpg(os.getpgrp(), signal.SIGHUP)
+
+
+class SlowValidation(Callback):
+    """Test instrument: global rank 0 spends `seconds` in each validation after the sanity check, as a long
+    validation would, while the other ranks wait for it in the next collective."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds = seconds
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == 0 and not trainer.sanity_checking:
+            time.sleep(self.seconds)
+
+
+class NoSpaceAfterEpoch(Callback):
+    """Test instrument: from the end of epoch `epoch`, every write that reaches `os.fsync` in this process fails with
+    ENOSPC, as on a full disk (for machines where the tests cannot mount a small file system)."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+
+            def full(descriptor: int) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            os.fsync = full
 
 
 class CtrlCAfterStep(Callback):

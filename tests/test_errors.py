@@ -317,10 +317,13 @@ def saved_step(root: Path) -> int:
 
 
 def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--model.one_cycle", "false", "--sigterm_check.every_n_steps", "4", epochs="3")
+    argv = one_run(data_dir, tmp_path, "--model.one_cycle", "false", "--fault_guard.every_n_steps", "4", epochs="3")
     result = run_train(*argv, "--trainer.callbacks+=tests.helpers.DivergeInEpoch", "--trainer.callbacks.epoch", "1")
     line = assert_one_error_line(result, "the training loss became NaN or infinite by step", "(epoch 1)")
-    assert "lower the learning rate (--model.optimizer.lr" in line and "keeps the weights of epoch 0" in line
+    assert (
+        "lower the learning rate (--model.optimizer.lr" in line
+        and "keeps the weights from before the divergence" in line
+    )
     assert saved_step(tmp_path) == 10  # epoch 0's last.ckpt, not overwritten with diverged weights
     last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
     assert all(weights.isfinite().all() for weights in torch.load(last, weights_only=True)["state_dict"].values())
@@ -330,21 +333,21 @@ def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_c
 
 
 def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_continue(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--sigterm_check.every_n_steps", "4", epochs="3")
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", epochs="3")
     ctrl_c = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.step", "13")
     result = run_train(*argv, *ctrl_c, timeout=120)
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
     output = result.stdout + result.stderr
     assert "Stopped by SIGINT (Ctrl-C) in epoch 1, after step 16;" in output
-    assert "holds the last finished epoch: continue with --ckpt_path last" in output
-    assert saved_step(tmp_path) == 10
+    assert "holds that step: continue with --ckpt_path last" in output
+    assert saved_step(tmp_path) == 16  # saved where every rank stopped
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, cwd=REPO).stdout
     assert leftovers == ""
 
 
 def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--sigterm_check.every_n_steps", "1000", epochs="50")
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", epochs="50")
     presses = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.presses", "2")
     result = run_train(*argv, *presses, "--trainer.callbacks.step", "3", timeout=120)
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]

@@ -7,6 +7,7 @@ Opt-in: it runs where Debian's `slurm-wlm` and `munge` are installed and the tes
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -88,3 +89,35 @@ def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_chec
     # validate it again.
     assert len(scalars(run_dir)["val/acc"]) >= 11
     assert output.count("Finished: test/acc") == 1
+
+
+def test_a_frozen_task_is_named_and_the_job_ends(data_dir, tmp_path, slurm):
+    env = {**slurm, "PYTHON": sys.executable, "RUNS": str(tmp_path)}
+    train_args = (
+        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200"),
+        *("--data.batch_size", "50", "--trainer.max_epochs", "100", "--trainer.accelerator", "cpu"),
+        *("--trainer.enable_progress_bar", "false", "--fault_guard.stall_timeout", "5"),
+        "--trainer.callbacks+=tests.helpers.RecordPid",
+    )
+    job_id = slurm_command(
+        env, "sbatch", "--parsable", "--nodes", "1", "--ntasks-per-node", "2", "--chdir", str(REPO),
+        "--output", str(tmp_path / "job.out"), "scripts/train.sbatch", *train_args,
+    )  # fmt: skip
+    root = tmp_path / f"slurm-{job_id}"
+    last = root / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        wait_for(lambda: last.exists() and (root / "pids" / "rank1").exists(), 120, "the end of the first epoch")
+        os.kill(int((root / "pids" / "rank1").read_text()), signal.SIGSTOP)
+        frozen = time.monotonic()
+        wait_for(lambda: slurm_command(env, "squeue", "--noheader", "--jobs", job_id) == "", 60, "the job's end")
+        seconds = time.monotonic() - frozen
+    finally:
+        subprocess.run(["scancel", "--signal=KILL", job_id], env=env)
+    output = (tmp_path / "job.out").read_text()
+    assert 5 <= seconds < 40, output[-3000:]
+    assert re.search(r"^Global rank 1 \(pid \d+ on .*\) has given no sign of life", output, re.MULTILINE), output[
+        -3000:
+    ]
+    assert "error: a process of the job stopped answering, so the job ends." in output
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
+    assert torch.load(last, map_location="cpu", weights_only=True)["state_dict"]  # intact

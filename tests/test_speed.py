@@ -23,7 +23,7 @@ def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_
     """Under DDP, on every rank: reads at setup and teardown are fine; the count must not grow with the steps.
 
     Lightning itself reads a flag back before every step under DDP (whether rank 0 got SIGTERM); train.py's ranks
-    compare theirs every `--sigterm_check.every_n_steps` (50) steps and at the epoch's end: once in either run here.
+    compare theirs every `--fault_guard.every_n_steps` (50) steps and at the epoch's end: once in either run here.
     """
     argv = [
         *("--model", "ConvNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),

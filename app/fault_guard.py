@@ -1,0 +1,207 @@
+"""FaultGuard: a stop signal, a diverged loss or a process that stopped answering ends every rank together, and keeps
+what was computed."""
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from app.errors import UserError
+from app.peers import Heartbeats
+
+
+class StoppedBySignal(SIGTERMException):
+    """Every rank stopped at the same step after a stop signal; train.py exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+class TrainingDiverged(UserError):
+    """The training loss became NaN or infinite; every rank raises it at the same step."""
+
+
+SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (hang-up)"}
+
+
+class FaultGuard(Callback):
+    """Act on stop signals, SLURM's requeue signal, a diverged loss and a process that stopped answering.
+
+    Args:
+        every_n_steps: Training steps between two checks of signals and loss; each check is one all-reduce of three
+            flags. With 1 the ranks compare flags before every step, as often as Lightning does by itself.
+        stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
+            the job (0: never). Each process counts up a key in the job's TCP store from a thread
+            (`app/peers.py`): no collective, nothing the training step waits for.
+
+    Stop signals: `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped send SIGTERM; Ctrl-C sends
+    SIGINT to every process of the job; a closed terminal or a dropped ssh session sends SIGHUP; SLURM sends SIGUSR1
+    (`--signal` in scripts/train.sbatch) before pre-empting a job. Lightning (2.5, 2.6) runs collectives inside its
+    signal handlers (a broadcast for SIGTERM, a checkpoint save with its barrier for SIGUSR1), and a handler runs
+    when its process next executes Python: when the signal finds one rank in Python and another blocked in a
+    collective, the two collectives never match, and the job hangs until the process-group timeout. Lightning's loop
+    also broadcasts rank 0's SIGTERM flag before every step and reads it back with `.item()`: one collective and, on
+    a GPU, one host-device synchronisation per step.
+
+    Here the handlers only record the signal (SIGTERM and SIGHUP are passed on to the processes Lightning's
+    launcher started, as Lightning does). The ranks compare their flags with one all-reduce every `every_n_steps`
+    training steps and at the end of each training epoch, points every rank reaches at the same step. After
+    SIGUSR1 all of them run Lightning's requeue there: save `hpc_ckpt_N.ckpt`, and rank 0 asks SLURM to requeue the
+    job, which SLURM then stops with SIGTERM. After another signal all save `last.ckpt` there, in the middle of the
+    epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
+    which train.py turns into exit status 128 + the signal. `--ckpt_path last` continues from the next sample. A
+    second Ctrl-C stops at once. A signal that arrives after training (during the test) lets that short stage
+    finish; Ctrl-C there stops it at once.
+
+    The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
+    `TrainingDiverged` there, before `last.ckpt` would be overwritten with the diverged weights. The loss stays on
+    its device until the check, so this adds no host-device synchronisation to the other steps.
+    """
+
+    def __init__(self, every_n_steps: PositiveInt = 50, stall_timeout: NonNegativeInt = 60) -> None:
+        self.every_n_steps = every_n_steps
+        self.stall_timeout = stall_timeout
+        self.stop_signal: int | None = None
+        self.requeue = False
+        self.last_loss: torch.Tensor | None = None
+        self.heartbeats: Heartbeats | None = None
+        self.stages = 0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
+        trainer._signal_connector._sigterm_notifier_fn = self._record_stop_signal
+        trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
+        self._trainer = trainer
+        self._previous_handlers = {}
+        if stage == "fit" and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGHUP):
+                self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
+        self._start_heartbeats(trainer)
+
+    def _start_heartbeats(self, trainer: Trainer) -> None:
+        if trainer.world_size == 1 or not self.stall_timeout or not torch.distributed.is_initialized():
+            return
+        # The same names on every rank: each stage of this run, each restart of a torchrun job, has its own keys.
+        namespace = f"fault_guard/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{self.stages}/"
+        self.stages += 1
+        self.heartbeats = Heartbeats(
+            trainer.global_rank, trainer.world_size, self.stall_timeout, namespace, self._before_stall_exit
+        )
+        self.heartbeats.start()
+
+    def _before_stall_exit(self) -> str:
+        """Runs in the heartbeat thread before the process ends: write out what the loggers hold."""
+        for logger in self._trainer.loggers:
+            try:
+                logger.finalize("failed")
+            except Exception:  # noqa: BLE001, S112 (the process ends anyway; what could be written was)
+                continue
+        return _what_is_kept(last_checkpoint_path(self._trainer), "holds the last saved step")
+
+    # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
+    # when the signal came fails with "reentrant call").
+    def _record_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
+            raise StoppedBySignal(signum)  # the second Ctrl-C: stop now, wherever this rank is
+        if signum == signal.SIGHUP and sys.stdout.isatty():  # the terminal is gone: writing to it would fail (EIO)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.dup2(devnull, sys.stderr.fileno())
+        launcher = self._trainer.strategy.launcher  # only in the process that started the others
+        if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None and self.stop_signal is None:
+            launcher.kill(signum)
+        self.stop_signal = self.stop_signal or signum
+
+    def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requeue = True
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning (2.6) loads the training loader's position from a checkpoint only when it builds the loader, and
+        # the one-cycle schedule's `trainer.estimated_stepping_batches` made it build the loader already, before the
+        # checkpoint is read (`configure_optimizers`): forgotten here, it is built again after, position included.
+        trainer.fit_loop._combined_loader = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        if hasattr(loop, "_broadcast_sigterm_tensor"):  # Lightning's per-step check, absent before 2.5
+            loop._broadcast_sigterm_tensor = lambda: None
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # the same on every rank, kept on resume
+        if batches % self.every_n_steps == 0:
+            self._check(trainer, at_epoch_end=False)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check(trainer, at_epoch_end=True)
+
+    def _check(self, trainer: Trainer, at_epoch_end: bool) -> None:
+        device = trainer.strategy.root_device
+        flags = torch.tensor([self.stop_signal or 0, self.requeue, 0], dtype=torch.int32, device=device)
+        if self.last_loss is not None:  # on the device: the flag is made without waiting for the step to finish
+            flags[2] = (~torch.isfinite(self.last_loss.detach())).any()
+        stop_signal, requeue, diverged = trainer.strategy.reduce(flags, reduce_op="max").tolist()  # any rank
+        if requeue:
+            self.requeue = False
+            connector = trainer._signal_connector
+            type(connector)._slurm_sigusr_handler_fn(connector, signal.SIGUSR1, None)  # Lightning's own requeue
+        path = last_checkpoint_path(trainer)
+        if diverged:
+            group = trainer.optimizers[0].param_groups[0]
+            raise TrainingDiverged(
+                f"the training loss became NaN or infinite by step {trainer.global_step} (epoch"
+                f" {trainer.current_epoch}): lower the learning rate (--model.optimizer.lr, now"
+                f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path, trainer.current_epoch)}"
+            )
+        if not stop_signal:
+            return
+        if path is not None:  # on every rank: Lightning's save has a barrier; global rank 0 alone writes
+            trainer.save_checkpoint(path, weights_only=False)
+        when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
+        rank_zero_info(
+            f"Stopped by {SIGNAL_NAMES[stop_signal]} in epoch {trainer.current_epoch}, {when};"
+            f" {_what_is_kept(path, 'holds that step')}"
+        )
+        raise StoppedBySignal(stop_signal)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+            self.heartbeats = None
+        vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
+        vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
+        vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+        self.last_loss = None
+
+
+def _weights_kept(path: Path | None, epoch: int) -> str:
+    if path is not None and path.exists():
+        return f"{path} keeps the weights from before the divergence."
+    return "No checkpoint had been written."
+
+
+def _what_is_kept(path: Path | None, holds: str) -> str:
+    if path is not None and path.exists():
+        return f"{path} {holds}: continue with --ckpt_path last"
+    return "no checkpoint had been written, so there is nothing to continue from"
+
+
+def last_checkpoint_path(trainer: Trainer) -> Path | None:
+    """Where train.py's `last_checkpoint` callback writes `last.ckpt`; None with checkpointing turned off."""
+    for callback in trainer.checkpoint_callbacks:
+        if callback.filename == ModelCheckpoint.CHECKPOINT_NAME_LAST and callback.dirpath:
+            return Path(callback.format_checkpoint_name({}))  # ModelCheckpoint's own naming: dirpath/last.ckpt
+    return None

@@ -1,0 +1,37 @@
+"""What one optimizer step is made of, printed and logged at the start of training."""
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class GlobalBatchInfo(Callback):
+    """Print and log what one optimizer step is made of, so a user sees what changing `--devices` does.
+
+    Under DDP each of the `world_size` processes takes `batch_size` samples per step and the gradients are
+    averaged, so one step sees the global batch. Lightning does not rescale the learning rate.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        per_device = trainer.datamodule.hparams.batch_size
+        global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
+        steps_per_epoch = trainer.num_training_batches // trainer.accumulate_grad_batches
+        group = trainer.optimizers[0].param_groups[0]
+        lr = (
+            f"peak learning rate {group['max_lr']:g} (one-cycle)"
+            if "max_lr" in group
+            else f"learning rate {group['lr']:g}"
+        )
+        rank_zero_info(
+            f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes"
+            f" x {trainer.accumulate_grad_batches} accumulated; {lr};"
+            f" {steps_per_epoch} optimizer steps per epoch."
+        )
+        for logger in trainer.loggers:  # loggers write on rank 0 only
+            logger.log_metrics(
+                {
+                    "global_batch_size": global_batch,
+                    "world_size": trainer.world_size,
+                    "steps_per_epoch": steps_per_epoch,
+                },
+                step=0,
+            )

@@ -1,0 +1,81 @@
+"""What the fault handling costs a run: the same train.py command from another revision, and from this tree with
+and without the heartbeats, in interleaved rounds (A B C A B C ...), so that a slow moment of the machine slows all.
+
+For each variant: the whole command (Enter to prompt) and the steady-state training step (the median of the
+dashboard's `perf/step_ms`, logged every `--trainer.log_every_n_steps` steps). The other revision is checked out
+into a temporary git worktree and run with this tree's interpreter.
+
+    python benchmarks/fault_guard_cost.py --before c8b1403 --data-dir ../shared/datasets --rounds 3
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="the git revision to compare with")
+    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    data_dir = str(Path(args.data_dir).resolve())
+    command = [
+        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", data_dir, "--devices", str(args.devices)),
+        *("--trainer.max_epochs", str(args.epochs), "--trainer.accelerator", "cpu"),
+        *("--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "20", "fit"),
+    ]
+    with tempfile.TemporaryDirectory() as scratch:
+        before = Path(scratch) / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", str(before), args.before], cwd=REPO, check=True)
+        try:
+            variants = {
+                f"{args.before} (before)": (before, []),
+                "this tree": (REPO, []),
+                "this tree, --fault_guard.stall_timeout 0": (REPO, ["--fault_guard.stall_timeout", "0"]),
+            }
+            results = {name: [] for name in variants}
+            for round_ in range(args.rounds):
+                for name, (checkout, extra) in variants.items():
+                    root = Path(scratch) / f"runs-{round_}-{len(results[name])}-{checkout.name}"
+                    results[name].append(run(checkout, [*command, *extra, "--trainer.default_root_dir", str(root)]))
+                    print(f"round {round_ + 1}: {name}: {results[name][-1][0]:.1f} s", file=sys.stderr)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO)
+    reference = statistics.median(wall for wall, _ in results[next(iter(results))])
+    print(f"\n{args.devices} processes, SeqNet, {args.epochs} epochs, real MNIST, medians of {args.rounds} rounds\n")
+    print("| variant | whole command | vs before | training step (median perf/step_ms) |")
+    print("| --- | --- | --- | --- |")
+    for name, runs in results.items():
+        wall = statistics.median(wall for wall, _ in runs)
+        step = statistics.median(step for _, step in runs)
+        print(f"| {name} | {wall:.2f} s | {wall / reference:.3f} | {step:.2f} ms |")
+
+
+def run(checkout: Path, command: list[str]) -> tuple[float, float]:
+    """Run train.py in `checkout`; the wall time and the median training step of the run."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "train.py", *command], cwd=checkout, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"train.py failed in {checkout}:\n{done.stderr[-3000:]}")
+    root = Path(command[command.index("--trainer.default_root_dir") + 1])
+    (run_dir,) = root.glob("SeqNet-mnist/version_*")
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return wall, statistics.median(event.value for event in events.Scalars("perf/step_ms"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""When something goes wrong in a DDP job (real gloo runs of train.py on CPU): a stop keeps the step it was at and
+continues from the next sample, on the same or another number of processes; a process that stops answering is
+named and the job ends; a full disk ends the run in one line with the last checkpoint intact."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TRAIN_SIZE
+from tests.helpers import REPO, free_port, run_command, run_train
+
+VAL_SIZE = 200  # 1000 training samples: 10 steps of a global batch of 100 per epoch
+CHECKPOINTS = Path("SeqNet-mnist") / "version_0" / "checkpoints"
+STALL_TIMEOUT = ("--fault_guard.stall_timeout", "5")
+
+
+def argv(data_dir: Path, root: Path, *args: str, devices: int = 2, batch_size: int = 50) -> tuple[str, ...]:
+    return (
+        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),
+        *("--data.val_size", str(VAL_SIZE), "--data.batch_size", str(batch_size), "--trainer.max_epochs", "2"),
+        *("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--devices", str(devices)),
+        *("--trainer.deterministic", "true", "--trainer.default_root_dir", str(root)),
+        *("--fault_guard.every_n_steps", "4", *args),
+    )
+
+
+def last_checkpoint(root: Path) -> dict:
+    return torch.load(root / CHECKPOINTS / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def max_difference(first: dict, second: dict) -> float:
+    weights = first["state_dict"]
+    return max((weights[name] - second["state_dict"][name]).abs().max().item() for name in weights)
+
+
+def samples_of_epoch(root: Path, epoch: int, ranks: int, suffix: str = "") -> list[int]:
+    folder = root / "samples"
+    return sum(
+        (json.loads((folder / f"rank{rank}_epoch{epoch}{suffix}.json").read_text()) for rank in range(ranks)), []
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The last checkpoint of a 2-process run of 2 epochs that nothing stopped."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    result = run_train("fit", *argv(data_dir, root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_checkpoint(root)
+
+
+# 1. A stop keeps the step it was at, and the run continues from the next sample
+
+RECORD = "--trainer.callbacks+=tests.helpers.RecordTrainSamples"
+
+
+@pytest.fixture(scope="module")
+def stopped(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-process run whose rank 1 got SIGTERM after step 13: every rank stopped after step 16 (checks every 4
+    steps), in the middle of epoch 1, and saved it. Each test continues a copy of it."""
+    root = tmp_path_factory.mktemp("stopped")
+    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.rank", "1")
+    result = run_train("fit", *argv(data_dir, root, RECORD, *sigterm, "--trainer.callbacks.step", "13"))
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    output = result.stdout + result.stderr
+    assert "Stopped by SIGTERM in epoch 1, after step 16;" in output
+    assert "holds that step: continue with --ckpt_path last" in output
+    return root
+
+
+def copy_of(stopped: Path, tmp_path: Path) -> Path:
+    shutil.copytree(stopped, tmp_path, dirs_exist_ok=True)
+    assert last_checkpoint(tmp_path)["global_step"] == 16
+    return tmp_path
+
+
+def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path, stopped, uninterrupted):
+    root = copy_of(stopped, tmp_path)
+    resumed = run_train("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "dataloader is not resumable" not in resumed.stderr  # Lightning's warning for a mid-epoch checkpoint
+    before, after = samples_of_epoch(root, 1, 2, "_stopped"), samples_of_epoch(root, 1, 2)
+    assert (len(before), len(after)) == (600, 400)
+    assert sorted(before + after) == list(range(TRAIN_SIZE - VAL_SIZE))  # every sample of epoch 1, once
+    final = last_checkpoint(root)
+    assert final["global_step"] == uninterrupted["global_step"] == 20
+    assert max_difference(final, uninterrupted) == 0  # exactly the same weights
+
+
+def test_a_hang_up_stops_every_rank_at_one_step_and_saves_it(data_dir, tmp_path):
+    """SIGHUP, as a closed terminal or a dropped ssh session sends it to every process of the job."""
+    hang_up = ("--trainer.callbacks+=tests.helpers.HangUpAfterStep", "--trainer.callbacks.step", "13")
+    result = run_train("fit", *argv(data_dir, tmp_path, *hang_up))
+    assert result.returncode == 128 + signal.SIGHUP, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    output = result.stdout + result.stderr
+    assert "Stopped by SIGHUP (hang-up) in epoch 1, after step 16;" in output
+    assert last_checkpoint(tmp_path)["global_step"] == 16
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_a_stopped_run_continues_on_another_number_of_processes_with_the_same_global_batch(
+    data_dir, tmp_path, stopped, uninterrupted, devices
+):
+    root = copy_of(stopped, tmp_path)
+    resumed = run_train("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last", devices=devices))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    per_device = 100 // devices
+    assert f"Continuing a run of 2 processes on {devices}: per-device batch 50 -> {per_device}" in output
+    assert f"Global batch 100 = {per_device} per device x {devices} processes" in output
+    before, after = samples_of_epoch(root, 1, 2, "_stopped"), samples_of_epoch(root, 1, devices)
+    assert sorted(before + after) == list(range(TRAIN_SIZE - VAL_SIZE))  # the rest of epoch 1, each sample once
+    final = last_checkpoint(root)
+    assert final["global_step"] == 20
+    assert max_difference(final, uninterrupted) < 1e-5  # float rounding of another number of processes
+
+
+def test_a_global_batch_that_the_new_processes_cannot_share_ends_in_one_line(data_dir, tmp_path, stopped):
+    root = copy_of(stopped, tmp_path)
+    resumed = run_train("fit", *argv(data_dir, root, "--ckpt_path", "last", devices=3))
+    assert resumed.returncode == 1
+    lines = [line for line in resumed.stderr.splitlines() if line.startswith("error")]
+    assert lines[0].startswith("error: the checkpoint's run took global batches of 100 samples"), resumed.stderr
+    assert "continue it on 1, 2, 4, 5" in lines[0] and "Traceback" not in resumed.stderr
+
+
+def test_a_checkpoint_every_few_minutes_lets_a_killed_run_continue_exactly(data_dir, tmp_path, uninterrupted):
+    """With `--timed_checkpoint.train_time_interval 0:00:00`, last.ckpt is written after every step; rank 0 is
+    SIGKILLed (no handler runs) at a batch of epoch 1, and the run continues from the step before."""
+    every_step = ("--timed_checkpoint.train_time_interval", "0:00:00")
+    kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "0")
+    killed = run_train("fit", *argv(data_dir, tmp_path, *every_step, *kill))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert last_checkpoint(tmp_path)["global_step"] == 12  # epoch 1's second step, the last one finished
+
+    resumed = run_train("fit", *argv(data_dir, tmp_path, *every_step, "--ckpt_path", "last"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert max_difference(last_checkpoint(tmp_path), uninterrupted) == 0
+
+
+# 2. A process that stops answering is named, and the job ends
+
+
+def wait_for_files(*paths: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(path.exists() for path in paths):
+        assert process.poll() is None, "the job ended before it got going"
+        assert time.monotonic() < deadline, f"no {paths} after {timeout} s"
+        time.sleep(0.1)
+
+
+def freeze_and_wait(command: list[str], root: Path, frozen_rank: int, ranks: int, env: dict | None = None):
+    """Start the job, SIGSTOP global rank `frozen_rank` once an epoch is done, and wait for the job to end.
+    Returns (exit status, output, seconds from the freeze to the end)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    job = subprocess.Popen(
+        command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        pids = [root / "pids" / f"rank{rank}" for rank in range(ranks)]
+        wait_for_files(*pids, root / CHECKPOINTS / "last.ckpt", process=job)  # an epoch is done: mid-training
+        os.kill(int((root / "pids" / f"rank{frozen_rank}").read_text()), signal.SIGSTOP)
+        frozen = time.monotonic()
+        output, _ = job.communicate(timeout=90)
+        return job.returncode, output, time.monotonic() - frozen
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(root)])  # stopped processes die of SIGKILL too
+        job.kill()
+
+
+def assert_named_and_ended(output: str, rank: int, seconds: float) -> None:
+    assert 5 <= seconds < 30, output[-3000:]  # --fault_guard.stall_timeout 5, then at most a beat or two
+    named = [line for line in output.splitlines() if line.startswith(f"Global rank {rank} (pid ")]
+    assert len(named) == 1 and "frozen, or its host hung or lost the network" in named[0], output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error")]
+    assert errors and errors[0].startswith("error: a process of the job stopped answering"), output[-3000:]
+    assert "continue with --ckpt_path last" in errors[0]
+
+
+def test_a_frozen_process_is_named_and_the_job_ends_under_lightnings_launcher(data_dir, tmp_path):
+    pid = "--trainer.callbacks+=tests.helpers.RecordPid"
+    command = [
+        sys.executable,
+        "train.py",
+        *argv(data_dir, tmp_path, pid, *STALL_TIMEOUT),
+        "--trainer.max_epochs",
+        "100",
+    ]
+    status, output, seconds = freeze_and_wait(command, tmp_path, frozen_rank=1, ranks=2)
+    assert status == 1, output[-3000:]
+    assert_named_and_ended(output, 1, seconds)
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""  # the frozen one too
+    assert last_checkpoint(tmp_path)["state_dict"]  # intact: it loads
+
+
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_a_frozen_global_rank_0_is_named_and_every_node_ends(data_dir, tmp_path, launcher):
+    """Two nodes of one process each (scripts/local_cluster.sh). Under Lightning's launcher global rank 0 also holds
+    the job's store, so the other node hears nothing at all from it."""
+    pid = "--trainer.callbacks+=tests.helpers.RecordPid"
+    args = [*argv(data_dir, tmp_path, pid, *STALL_TIMEOUT, devices=1), "--trainer.max_epochs", "100"]
+    command = ["scripts/local_cluster.sh", "2", "1", "--", *args]
+    env = {"LAUNCHER": launcher, "PYTHON": sys.executable}
+    status, output, seconds = freeze_and_wait(command, tmp_path, frozen_rank=0, ranks=2, env=env)
+    assert status != 0, output[-3000:]
+    assert_named_and_ended(output, 0, seconds)
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
+
+
+def test_a_slow_validation_on_one_rank_is_not_taken_for_a_stall(data_dir, tmp_path):
+    slow = ("--trainer.callbacks+=tests.helpers.SlowValidation", "--trainer.callbacks.seconds", "8")
+    result = run_train("fit", *argv(data_dir, tmp_path, *slow, *STALL_TIMEOUT), "--trainer.max_epochs", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped answering" not in result.stdout + result.stderr
+
+
+# 3. The processes wait to meet, and say what for
+
+
+def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_dir, tmp_path):
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+    args = [*argv(data_dir, tmp_path, devices=1), "--num_nodes", "2", "--trainer.max_epochs", "1"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", *args], cwd=REPO, env={**env, "NODE_RANK": "0"}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    ]  # fmt: skip
+    try:
+        seen = []
+        for line in nodes[0].stdout:  # node 0 alone: it waits, and says so
+            seen.append(line)
+            if line.startswith("Waited"):
+                break
+        assert seen and seen[-1].startswith("Waited"), "".join(seen)[-3000:]
+        assert "for the 2 processes of the job (2 node(s) x 1): 1 have arrived" in seen[-1]
+        assert f"at 127.0.0.1:{env['MASTER_PORT']}" in seen[-1] and "a node not started yet" in seen[-1]
+
+        late = run_command([sys.executable, "train.py", *args], timeout=120, env={**env, "NODE_RANK": "1"})
+        first_output = "".join(seen) + nodes[0].communicate(timeout=60)[0]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert late.returncode == 0 and nodes[0].returncode == 0, first_output[-3000:] + late.stderr[-3000:]
+    assert "All 2 processes of the job have met" in first_output
+    assert "Finished: test/acc" in first_output
+
+
+# 4. The disk fills up
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 3 MB file system (tmpfs) where the tests run as root, or None: one checkpoint fits, not two."""
+    folder = tmp_path / "small_disk"
+    folder.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        yield None
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        yield None
+        return
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])
+
+
+def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_last_checkpoint(data_dir, tmp_path, small_disk):
+    if small_disk is not None:
+        folder, fill = small_disk, ()
+    else:  # simulated: every flush to the disk fails with ENOSPC after epoch 0
+        folder, fill = tmp_path / "checkpoints", ("--trainer.callbacks+=tests.helpers.NoSpaceAfterEpoch",)
+    args = argv(data_dir, tmp_path, "--last_checkpoint.dirpath", str(folder), *fill, devices=1, batch_size=100)
+    result = run_train("fit", *args, "--trainer.max_epochs", "3")
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert lines[0].startswith(f"error: cannot save the checkpoint last.ckpt: no space left in {folder}")
+    assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]  # no partial file left behind
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 10  # epoch 0's, intact
+
+    # A save that a SIGKILL or a power cut interrupted leaves a partial file; the next run removes it.
+    (folder / ".last.ckpt.partial").write_bytes(b"the first bytes of a checkpoint")
+    resumed = run_train("fit", *args[: -len(fill) or None], "--ckpt_path", "last", "--trainer.max_epochs", "1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]
