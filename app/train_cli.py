@@ -86,12 +86,15 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
         parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
         # A third: last.ckpt also every `--timed_checkpoint.train_time_interval` (H:MM:SS) of training, in the middle
-        # of an epoch too, so that a SIGKILL or a power cut loses at most that much. Off by default: Lightning then
-        # broadcasts rank 0's clock before every step.
+        # of an epoch too, so that a SIGKILL or a power cut loses at most that much. Off by default: with it,
+        # Lightning broadcasts rank 0's decision to save before every step.
         parser.add_lightning_class_args(ModelCheckpoint, "timed_checkpoint")
         parser.set_defaults(
-            {"timed_checkpoint.filename": "last", "timed_checkpoint.enable_version_counter": False}
-            | {"timed_checkpoint.every_n_epochs": 0}
+            {
+                "timed_checkpoint.filename": "last",
+                "timed_checkpoint.enable_version_counter": False,
+                "timed_checkpoint.every_n_epochs": 0,  # no save at all until the interval is given
+            }
         )
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(Dashboard, "dashboard")

@@ -32,9 +32,10 @@ def main() -> None:
 
     data_dir = str(Path(args.data_dir).resolve())
     command = [
+        "fit",
         *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", data_dir, "--devices", str(args.devices)),
         *("--trainer.max_epochs", str(args.epochs), "--trainer.accelerator", "cpu"),
-        *("--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "20", "fit"),
+        *("--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "20"),
     ]
     with tempfile.TemporaryDirectory() as scratch:
         before = Path(scratch) / "before"
@@ -47,8 +48,8 @@ def main() -> None:
             }
             results = {name: [] for name in variants}
             for round_ in range(args.rounds):
-                for name, (checkout, extra) in variants.items():
-                    root = Path(scratch) / f"runs-{round_}-{len(results[name])}-{checkout.name}"
+                for index, (name, (checkout, extra)) in enumerate(variants.items()):
+                    root = Path(scratch) / f"runs-{round_}-{index}"
                     results[name].append(run(checkout, [*command, *extra, "--trainer.default_root_dir", str(root)]))
                     print(f"round {round_ + 1}: {name}: {results[name][-1][0]:.1f} s", file=sys.stderr)
         finally:

@@ -96,6 +96,17 @@ def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_d
     assert max_difference(final, uninterrupted) == 0  # exactly the same weights
 
 
+def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_epoch_end(data_dir, tmp_path):
+    """Lightning's own handler broadcasts from inside the signal handler; here it met the other rank's metric sync
+    and both waited for each other until the 30-minute timeout (so this run would outlast `timeout`)."""
+    instrument = "--trainer.callbacks+=tests.helpers.SigtermWhileOthersWait"
+    result = run_train("fit", *argv(data_dir, tmp_path, instrument), "--trainer.max_epochs", "3", timeout=120)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert "Stopped by SIGTERM in epoch 0, at its end;" in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert last_checkpoint(tmp_path)["global_step"] == 10  # saved at the end of the epoch, before stopping
+
+
 def test_a_hang_up_stops_every_rank_at_one_step_and_saves_it(data_dir, tmp_path):
     """SIGHUP, as a closed terminal or a dropped ssh session sends it to every process of the job."""
     hang_up = ("--trainer.callbacks+=tests.helpers.HangUpAfterStep", "--trainer.callbacks.step", "13")
