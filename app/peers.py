@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-FIRST_NOTICE_S = 15  # the first "still waiting" line, then one every NOTICE_EVERY_S
+FIRST_NOTICE_S = 10  # the first "still waiting" line, then one every NOTICE_EVERY_S
 NOTICE_EVERY_S = 60
 ARRIVED_KEY = "rendezvous/arrived"  # counted up once by each process that reached the store
 
@@ -184,9 +184,8 @@ class Heartbeats:
             named = ", ".join(self._describe(rank) for rank in silent)
             print(f"Global rank {named} {what}: frozen, or its host hung or lost the network.", flush=True)
             kept = self.on_stall()
-            print(
-                f"error: a process of the job stopped answering, so the job ends. {kept}", file=sys.stderr, flush=True
-            )
+            error = f"error: a process of the job stopped answering, so the job ends; {kept}."
+            print(error, file=sys.stderr, flush=True)
         else:
             self.on_stall()
         for rank in silent:

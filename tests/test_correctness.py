@@ -94,28 +94,6 @@ def test_same_seed_and_config_give_identical_runs(train):
     assert max_difference(first["weights"], reseeded["weights"]) > 100 * TOLERANCE
 
 
-def test_a_run_resumed_with_ckpt_path_last_ends_like_an_uninterrupted_run(data_dir, tmp_path):
-    def fit(root: Path, *extra: str) -> Path:
-        argv = (*COMMON, "--data.data_dir", str(data_dir), "--data.batch_size", "50", "--devices", "2")
-        argv += ("--trainer.max_epochs", "3", "--trainer.default_root_dir", str(root), *extra)
-        result = run_train(*argv)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return max(root.glob("SeqNet-mnist/version_*"))  # the newest run folder
-
-    def final(run: Path) -> dict:
-        return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-
-    uninterrupted = fit(tmp_path / "a")
-    stopped = fit(tmp_path / "b", "--trainer.callbacks+=tests.helpers.StopAfterEpoch", "--trainer.callbacks.epoch", "0")
-    assert final(stopped)["epoch"] == 0
-    resumed = fit(tmp_path / "b", "--ckpt_path", "last")
-
-    assert resumed == stopped  # the run continued in its own folder
-    assert final(resumed)["epoch"] == final(uninterrupted)["epoch"] == 2
-    assert max_difference(final(uninterrupted)["state_dict"], final(resumed)["state_dict"]) == 0.0
-    assert scalars(resumed)["val/acc"] == scalars(uninterrupted)["val/acc"]  # one curve over the three epochs
-
-
 def test_a_run_killed_in_the_middle_of_an_epoch_resumes_from_its_checkpoint_and_finishes(data_dir, tmp_path):
     """A pre-empted job (a SLURM requeue, a spot instance) leaves a checkpoint written in the middle of an epoch; the
     restarted job resumes inside that epoch, where Lightning skips `on_train_epoch_start`."""

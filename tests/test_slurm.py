@@ -114,10 +114,10 @@ def test_a_frozen_task_is_named_and_the_job_ends(data_dir, tmp_path, slurm):
     finally:
         subprocess.run(["scancel", "--signal=KILL", job_id], env=env)
     output = (tmp_path / "job.out").read_text()
-    assert 5 <= seconds < 40, output[-3000:]
+    assert 4 <= seconds < 40, output[-3000:]  # 5 s after the last beat seen, which may precede the freeze
     assert re.search(r"^Global rank 1 \(pid \d+ on .*\) has given no sign of life", output, re.MULTILINE), output[
         -3000:
     ]
-    assert "error: a process of the job stopped answering, so the job ends." in output
+    assert "error: a process of the job stopped answering, so the job ends;" in output
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
     assert torch.load(last, map_location="cpu", weights_only=True)["state_dict"]  # intact
