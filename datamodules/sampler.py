@@ -47,4 +47,7 @@ class ResumableDistributedSampler(DistributedSampler):
         return {"epoch": self.epoch, "position": self.start + self.given * self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # The epoch too: with DataLoader workers, the loader asks for its first batches as soon as Lightning makes
+        # the iterator on resume, before Lightning's `set_epoch` for the continued epoch.
+        self.epoch = state_dict["epoch"]
         self.resume_at = state_dict

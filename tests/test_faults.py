@@ -98,6 +98,18 @@ def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_d
     assert scalars(root / CHECKPOINTS.parent)["val/acc"] == uninterrupted["val/acc"]  # one curve, as if never stopped
 
 
+def test_a_stop_continues_exactly_with_dataloader_workers_too(data_dir, tmp_path, uninterrupted):
+    """With a worker process each, the loader asks for batches ahead as soon as it is made, which on resume is
+    before Lightning sets the continued epoch: the position must bring its epoch along."""
+    worker = ("--data.num_workers", "1")
+    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "13")
+    stopped = run_train("fit", *argv(data_dir, tmp_path, *worker, *sigterm))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    resumed = run_train("fit", *argv(data_dir, tmp_path, *worker, "--ckpt_path", "last"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert max_difference(last_checkpoint(tmp_path), uninterrupted) == 0  # the same batches as without workers
+
+
 def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_epoch_end(data_dir, tmp_path):
     """Lightning's own handler broadcasts from inside the signal handler; here it met the other rank's metric sync
     and both waited for each other until the 30-minute timeout (so this run would outlast `timeout`)."""
