@@ -12,6 +12,7 @@ from typing_extensions import override
 from app.errors import UserError
 
 FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"}
+PARTIAL = ".partial"  # `.last.ckpt.partial`: a save in progress, hidden beside its target
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -53,9 +54,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise UserError(f"cannot save the checkpoint {target.name}: {full} in {target.parent}. {then}.") from error
         os.replace(partial, target)
         fsync_folder(target.parent)  # and the new name is on the disk too
-
-
-PARTIAL = ".partial"
 
 
 def remove_partial_files(folder: Path) -> None:

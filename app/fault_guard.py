@@ -161,7 +161,7 @@ class FaultGuard(Callback):
             raise TrainingDiverged(
                 f"the training loss became NaN or infinite by step {trainer.global_step} (epoch"
                 f" {trainer.current_epoch}): lower the learning rate (--model.optimizer.lr, now"
-                f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path, trainer.current_epoch)}"
+                f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path)}"
             )
         if not stop_signal:
             return
@@ -187,7 +187,7 @@ class FaultGuard(Callback):
         self.last_loss = None
 
 
-def _weights_kept(path: Path | None, epoch: int) -> str:
+def _weights_kept(path: Path | None) -> str:
     if path is not None and path.exists():
         return f"{path} keeps the weights from before the divergence."
     return "No checkpoint had been written."

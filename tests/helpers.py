@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -81,6 +82,12 @@ def scalars(log_dir: Path) -> dict[str, list[float]]:
     events = EventAccumulator(str(log_dir))
     events.Reload()
     return {tag: [event.value for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    """The largest difference between two state dicts' tensors of the same names."""
+    assert first.keys() == second.keys()
+    return max((first[k].double() - second[k].double()).abs().max().item() for k in first)
 
 
 class RecordTrainSamples(Callback):

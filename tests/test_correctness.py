@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from app.cli import main
-from tests.helpers import run_train, scalars
+from tests.helpers import max_difference, run_train, scalars
 
 # One epoch of 1,000 training images (1,200 minus 200 for validation): 10 optimizer steps of 100 samples.
 COMMON = (
@@ -46,11 +46,6 @@ def train(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         return done[key]
 
     return run
-
-
-def max_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
-    assert first.keys() == second.keys()
-    return max((first[k].double() - second[k].double()).abs().max().item() for k in first)
 
 
 def test_two_processes_train_the_same_seqnet_as_one_process_with_twice_the_batch(train):
