@@ -7,9 +7,10 @@ folder it cannot write, after the time spent training.
 import tempfile
 from pathlib import Path
 
+import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, Trainer
-from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.accelerators import AcceleratorRegistry, CPUAccelerator, CUDAAccelerator, MPSAccelerator
 
 from app.errors import UserError
 
@@ -23,6 +24,30 @@ def check_launcher(trainer: Trainer) -> None:
         environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
     except ValueError as error:
         raise MisconfigurationException(f"{error} Make --devices and --num_nodes match the launcher.") from error
+
+
+HARDWARE = {"gpu": "GPU", "cuda": "CUDA GPU", "mps": "Apple GPU (MPS)", "tpu": "TPU"}
+
+
+def check_accelerator(accelerator: object) -> None:
+    """Stop first thing when `--trainer.accelerator` names hardware this machine does not have.
+
+    Lightning finds it too, but only once the run has started ("Seed set to 42" comes first) and with no word of
+    what to do instead. Accelerators given as a class, and names this check does not know, are left to Lightning.
+    """
+    name = accelerator.lower() if isinstance(accelerator, str) else None
+    if name == "gpu":
+        available = CUDAAccelerator.is_available() or MPSAccelerator.is_available()
+    elif name in HARDWARE and name in AcceleratorRegistry:
+        available = AcceleratorRegistry[name]["accelerator"].is_available()
+    else:
+        return
+    if not available:
+        build = " (this torch is a CPU-only build)" if name in ("gpu", "cuda") and not torch.version.cuda else ""
+        raise UserError(
+            f"--trainer.accelerator {accelerator}: this machine has no {HARDWARE[name]} that torch can use{build}."
+            " Leave --trainer.accelerator out (Lightning then uses what there is) or give cpu."
+        )
 
 
 def check_sync_batchnorm(trainer: Trainer, sync_batchnorm: bool) -> None:

@@ -56,10 +56,16 @@ def shorten(message: str, argv: list[str]) -> str:
     deepest = message[message.rfind('Parser key "') :].split(":", 1)[1]
     value = _given_value(option, argv, deepest)
     classes = re.findall(r"class_path[=\s]'([\w.]+)'", deepest) or re.findall(r"class_path[=\s]'([\w.]+)'", message)
-    if rejected := re.search(r"Option '([^']+)' is not accepted", deepest):
-        owner, argument = (classes[-1] if classes else option), rejected.group(1)
+    rejected = re.search(r"Option '([^']+)' is not accepted", deepest) or re.search(
+        r"unrecognized arguments: --(?:init_args\.)?([\w.]+)", deepest
+    )
+    if rejected:
+        given, argument = rejected.group(1), rejected.group(1).split(".")[0]
+        owner = classes[0] if classes else None  # the first class tried is the one the user named
+        if owner is None or owner == "typing.Union":  # a class option that names no class yet
+            return _cut(f"{option}.{given}: {option} names no class yet; name one first ({option} CLASS_NAME).")
         return _cut(
-            f"{option}.{argument}: {owner} takes no argument '{argument}'."
+            f"{option}.{given}: {owner} takes no argument '{argument}'."
             f" `python train.py fit {option}.help {owner}` lists the arguments it takes."
         )
     if required := re.search(r"the following arguments are required: ([\w, ]+)", deepest):

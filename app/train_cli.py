@@ -1,19 +1,22 @@
 """TrainCLI: LightningCLI with this project's models, data, callbacks and Trainer defaults, and what it adds to a run:
 the settings a checkpoint brings, resuming, the checks before the launch and the summary at the end."""
 
+import os
+import warnings
 from argparse import RawDescriptionHelpFormatter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.checkpoint_io import AtomicCheckpointIO
 from app.checkpoints import read_checkpoint
-from app.checks import check_data, check_launcher, check_sync_batchnorm, check_writable
+from app.checks import check_accelerator, check_data, check_launcher, check_sync_batchnorm, check_writable
 from app.command_line import subcommand_of
 from app.dashboard import Dashboard
 from app.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
@@ -27,7 +30,8 @@ from datamodules import MNISTDataModule
 from models import ImageClassifier
 
 DESCRIPTION = """\
-Train SeqNet or ConvNet on MNIST or FashionMNIST with PyTorch Lightning, DDP on every visible device.
+Train SeqNet or ConvNet on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
+process on a machine without one (--devices N: N processes on the CPU).
 Without a subcommand it fits, then tests the best checkpoint; 'fit', 'validate', 'test' and 'predict' run one
 stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and --trainer.num_nodes.
 
@@ -138,6 +142,7 @@ class TrainCLI(LightningCLI):
             )
 
     def _set_seed(self) -> None:
+        check_accelerator(self._get(self.config, "trainer.accelerator"))  # before anything else is printed
         with self._errors_named_by_option():
             super()._set_seed()
 
@@ -187,24 +192,43 @@ class TrainCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and
         checkpoint files written atomically (unless --trainer.plugins says otherwise). When resuming, reuse the
-        latest run's folder and start from its newest checkpoint (see `app/resume.py`)."""
+        latest run's folder and start from its newest checkpoint (see `app/resume.py`). `test`, `validate` and
+        `predict` of a run's checkpoint write beside that run, in `<run>/test/` and so on, where a user looks."""
         trainer_config = self._get(self.config_init, "trainer")
         root = Path(trainer_config["default_root_dir"] or ".")
         resuming = self._resuming()
         if trainer_config["plugins"] is None:
             kwargs["plugins"] = [AtomicCheckpointIO()]
         if trainer_config["logger"] in (None, True):
-            run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
-            version = latest_version(root / run_name) if resuming else None
-            kwargs["logger"] = TensorBoardLogger(save_dir=root, name=run_name, version=version)
+            if run_folder := self._checkpoints_run():
+                kwargs["logger"] = TensorBoardLogger(save_dir=run_folder, name="", version=self.subcommand)
+            else:
+                run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
+                version = latest_version(root / run_name) if resuming else None
+                kwargs["logger"] = TensorBoardLogger(save_dir=root, name=run_name, version=version)
         trainer = super().instantiate_trainer(**kwargs)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        if self.subcommand != "fit":  # nothing is saved, so where the checkpoints of this run would go does not matter
+            warnings.filterwarnings("ignore", message="The dirpath has changed from")
         if resuming:
             self.config_init[self.subcommand]["ckpt_path"] = resume_from_newest_checkpoint(
                 trainer, root, self.subcommand
             )
         return trainer
+
+    def _checkpoints_run(self) -> Path | None:
+        """The run folder of the checkpoint that `test`, `validate` or `predict` is given, when it lies in one
+        (`<run>/checkpoints/NAME.ckpt`, beside the run's `config.yaml`); else None."""
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        if self.subcommand == "fit" or not ckpt_path:
+            return None
+        run_folder = Path(ckpt_path).parent.parent
+        return (
+            run_folder
+            if Path(ckpt_path).parent.name == "checkpoints" and (run_folder / "config.yaml").is_file()
+            else None
+        )
 
     def _resuming(self) -> bool:
         return self.config_init[self.subcommand].get("ckpt_path") == "last"
@@ -230,6 +254,12 @@ class TrainCLI(LightningCLI):
     def before_fit(self) -> None:
         check_sync_batchnorm(self.trainer, self._get(self.config, "trainer.sync_batchnorm"))
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
+        if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator):
+            # Lightning's `devices="auto"` is one process on a CPU: more would share its cores and run no faster.
+            rank_zero_info(
+                f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"
+                " processes, which share those cores."
+            )
 
     def before_validate(self) -> None:
         self._check_before_launch("validate")

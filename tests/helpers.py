@@ -50,8 +50,8 @@ def run_local_cluster(
     return run_command(command, timeout, env)
 
 
-def run_command(command: list[str], timeout: float, env: dict[str, str] | None = None) -> Run:
-    """Run a command from the repository root and wait for it, at most `timeout` seconds.
+def run_command(command: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO) -> Run:
+    """Run a command (from the repository root, by default) and wait for it, at most `timeout` seconds.
 
     The command runs in a session of its own, and every process of that session is killed at the end whatever
     happened: a timeout or a crash leaves no rank of a DDP job behind. (local_cluster.sh puts each node in a
@@ -60,7 +60,7 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
     env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(
         command,
-        cwd=REPO,
+        cwd=cwd,
         env=env,
         text=True,
         stdout=subprocess.PIPE,

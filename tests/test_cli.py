@@ -187,6 +187,8 @@ def test_runs_without_a_logger(data_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "test/acc" in result.stdout
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
+    if not torch.cuda.is_available():  # the default, devices="auto", is one process on a CPU; the start says so
+        assert "Training in 1 process on the CPU" in result.stderr and "--devices N trains with DDP" in result.stderr
 
 
 def test_a_second_run_into_the_same_folder_gets_its_own_version(data_dir, tmp_path):

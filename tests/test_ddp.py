@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,14 @@ def test_only_rank_zero_writes_logs_and_checkpoints(fit_run):
     assert result.stdout.count("test/acc") == 1  # the test table, printed once
 
 
+def loose_copy(checkpoint: Path, folder: Path) -> Path:
+    """The checkpoint outside its run folder: evaluating it logs into a new run folder, one per evaluation."""
+    return Path(shutil.copy(checkpoint, folder / checkpoint.name))
+
+
 def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_run, tmp_path):
     root, _result = fit_run
-    best = next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt")
+    best = loose_copy(next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt"), tmp_path)
     # No --data options: dataset, folder and split come from the checkpoint.
     result = run_train(
         "test", "--ckpt_path", str(best), "--devices", "2", "--trainer.default_root_dir", str(tmp_path), *COMMON
@@ -116,7 +122,7 @@ def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_r
 def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, tmp_path):
     """301 test images: 2 and 3 processes get uneven shares, which Lightning's default sampler would pad."""
     root, _result = fit_run
-    best = next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt")
+    best = loose_copy(next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt"), tmp_path)
     figures = []
     for devices in (1, 2, 3):
         logs = tmp_path / f"devices{devices}"

@@ -1,10 +1,20 @@
 """The README and docs/ pages: every relative link leads to a file that exists, every `#heading` to a heading of it,
-and every `#L<n>` link to a line that holds the name the link shows, so that the pages stay true when code moves."""
+and every `#L<n>` link to a line that holds the name the link shows, so that the pages stay true when code moves;
+and the examples they show run as written."""
 
+import csv
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image, ImageOps
+
+from app.cli import main
+from tests.helpers import run_command, run_train
+from tests.synthetic import read_idx_images
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -34,3 +44,49 @@ def test_every_relative_link_leads_somewhere(page):
 
 def test_the_readme_is_short():
     assert len((REPO / "README.md").read_text().splitlines()) < 150
+
+
+def python_block(page: Path) -> str:
+    (block,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)
+    return block
+
+
+def test_the_onnxruntime_example_classifies_pictures_as_predict_does(checkpoint, data_dir, tmp_path):
+    """docs/use-the-model.md: the example turns pictures into MNIST-like images as `predict` does, so both agree."""
+    best, _ = checkpoint
+    digits = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[:12].copy()
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for index, digit in enumerate(digits):  # dark strokes on paper, larger, in colour, not square: as photographed
+        paper = ImageOps.invert(Image.fromarray(digit)).resize((56, 84 if index % 2 else 56)).convert("RGB")
+        paper.save(pictures / f"{index:02d}.png")
+    (tmp_path / "classify.py").write_text(python_block(REPO / "docs" / "use-the-model.md"))
+    main(["export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "model.onnx")])
+    files = sorted(str(path) for path in pictures.iterdir())
+    example = subprocess.run(
+        [sys.executable, "classify.py", "model.onnx", *files], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert example.returncode == 0, example.stderr
+    output = tmp_path / "predictions.csv"
+    argv = ("--ckpt_path", str(best), "--data.predict_dir", str(pictures), "--predictions.path", str(output))
+    predicted = run_train("predict", *argv, "--trainer.accelerator", "cpu", "--trainer.logger", "false")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    with output.open(newline="") as rows:
+        expected = [f"{pictures / row['file']} {row['class_name']}" for row in csv.DictReader(rows)]
+    assert example.stdout.splitlines() == expected
+
+
+def test_the_offline_example_reads_the_four_files_where_the_readme_puts_them(data_dir, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    offline = readme[readme.index("**Offline**") :]
+    names = re.findall(r"`((?:train|t10k)-(?:images-idx3|labels-idx1)-ubyte)`", offline)
+    folder = re.search(r"in\s+`(data/MNIST/raw/)`", offline).group(1)
+    (command,) = re.findall(r"```bash\n\.venv/bin/python train\.py (.*)\n```", offline)
+    assert len(set(names)) == 4
+    (tmp_path / folder).mkdir(parents=True)
+    for name in names:
+        shutil.copy(data_dir / "MNIST" / "raw" / name, tmp_path / folder / name)
+    quick = ("--trainer.max_epochs", "1", "--data.val_size", "200", "--trainer.enable_progress_bar", "false")
+    result = run_command([sys.executable, str(REPO / "train.py"), *command.split(), *quick], 120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "runs" / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").is_file()

@@ -183,6 +183,13 @@ def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, arg
         (["--trainer.callbacks+=Nope"], ["--trainer.callbacks Nope: no such class", "Callback"]),
         (["--model.optimizer.momentum", "0.9"], ["torch.optim.Adam takes no argument 'momentum'", "--model.optimizer"]),
         (["--model", "ConvNet", "--model.dropout", "0.5"], ["models.ConvNet takes no argument 'dropout'"]),
+        (["--model.optimzer.lr", "0.1"], ["--model.optimzer.lr: models.SeqNet takes no argument 'optimzer'"]),
+        (["--model.optimizer.init_argss.lr", "3"], ["--model.optimizer.init_argss.lr: torch.optim.Adam takes no"]),
+        (["--model.lr_scheduler.gamma", "0.5"], ["--model.lr_scheduler.gamma: --model.lr_scheduler names no class"]),
+        (
+            ["--trainer.callbacks+=LearningRateMonitor", "--trainer.callbacks.logging_intervall", "step"],
+            ["lightning.pytorch.callbacks.LearningRateMonitor takes no argument 'logging_intervall'"],
+        ),
         (["--model.optimizer.lr", "fast"], ["--model.optimizer.lr fast: expected a number"]),
         (["--trainer.max_epochs", "many"], ["--trainer.max_epochs many: expected an integer"]),
         (["--data.batch_size", "-5"], ["--data.batch_size -5: expected a positive integer"]),
@@ -213,6 +220,16 @@ def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):
     result = run_train(*one_run(data_dir, tmp_path, "--model.optimizer", "Adamm"), timeout=60)
     line = assert_one_error_line(result, "--model.optimizer Adamm: no such class")
     assert len(line) < 300
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
+def test_a_gpu_asked_for_on_a_machine_without_one_is_the_first_and_only_line(data_dir, tmp_path, accelerator):
+    args = [arg if arg != "cpu" else accelerator for arg in one_run(data_dir, tmp_path, devices="3")]
+    result = run_train(*args, timeout=60)
+    line = assert_one_error_line(result, f"--trainer.accelerator {accelerator}: this machine has no", "give cpu.")
+    assert (result.stdout + result.stderr).strip() == line
+    assert "!." not in line and ".." not in line
 
 
 # 4. Files the program reads

@@ -1,6 +1,7 @@
 """`train.py predict`: one CSV row per input, the same for any number of processes, also for a folder of images."""
 
 import csv
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,24 @@ def test_the_test_set_gives_the_same_csv_with_one_and_two_processes(checkpoint, 
     correct = sum(row["prediction"] == row["target"] for row in rows)
     assert correct / len(rows) == pytest.approx(test_accuracy, abs=1e-6)
     assert not list(tmp_path.glob(".predictions*"))  # the ranks' parts are gone
+
+
+def test_test_and_predict_of_a_runs_checkpoint_write_beside_that_run_without_warnings(checkpoint, tmp_path):
+    best, _ = checkpoint
+    run = tmp_path / "runs" / "SeqNet-mnist" / "version_0"
+    shutil.copytree(best.parents[1], run)
+    for subcommand, last_line in [
+        ("test", f"Logs: {run / 'test'}"),
+        ("predict", f"Predictions: {run / 'predict' / 'predictions.csv'}"),
+    ]:
+        argv = (subcommand, "--ckpt_path", str(run / "checkpoints" / best.name), "--devices", "2", *COMMON)
+        result = run_train(*argv, "--trainer.default_root_dir", str(tmp_path / "runs"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        assert last_line in lines[-3:], lines[-3:]
+        assert "dirpath has changed" not in result.stderr
+    assert (run / "predict" / "predictions.csv").is_file() and list((run / "test").glob("events.out.tfevents.*"))
+    assert [path.name for path in run.parent.iterdir()] == ["version_0"]  # no new run folder
 
 
 def test_a_folder_of_images_is_predicted_file_by_file_and_a_broken_file_is_named(checkpoint, data_dir, tmp_path):
