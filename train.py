@@ -7,7 +7,7 @@ import gc
 # 2 cores, in every process) and once more at exit (another second). Off while importing, then frozen: never scanned.
 gc.disable()
 
-from app.launch import die_with_parent, exit_at_once  # noqa: E402
+from app.launch import die_with_parent  # noqa: E402
 
 die_with_parent()  # before the slow imports below, while the launcher that started this process surely lives
 
@@ -18,4 +18,3 @@ gc.enable()
 
 if __name__ == "__main__":
     main()  # exits with a non-zero status on errors
-    exit_at_once()

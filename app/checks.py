@@ -50,6 +50,17 @@ def check_accelerator(accelerator: object) -> None:
         )
 
 
+# Trainer arguments that Lightning divides by without checking them first: 0 would end in a ZeroDivisionError.
+COUNTS = ("accumulate_grad_batches", "check_val_every_n_epoch")
+
+
+def check_counts(values: dict[str, object]) -> None:
+    """Refuse a count below 1 (`--trainer.check_val_every_n_epoch 0`) where it enters, by the option's name."""
+    for option, value in values.items():
+        if isinstance(value, int) and value < 1:
+            raise UserError(f"{option} {value}: must be 1 or more. Give {option} another value.")
+
+
 def check_sync_batchnorm(trainer: Trainer, sync_batchnorm: bool) -> None:
     if sync_batchnorm and isinstance(trainer.accelerator, CPUAccelerator):
         raise MisconfigurationException(

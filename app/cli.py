@@ -9,7 +9,15 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line import parse_command
-from app.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe, exit_with_error
+from app.errors import (
+    PEER_LOST,
+    PEER_LOST_MESSAGE,
+    RENDEZVOUS_ERRORS,
+    TRACEBACK_WANTED,
+    USER_ERRORS,
+    describe,
+    exit_with_error,
+)
 from app.export import ExportError, export
 from app.export import parse as parse_export_arguments
 from app.launch import choose_socket_interface
@@ -32,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         TrainCLI(args, test_after_fit)
     except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:
+        if TRACEBACK_WANTED:
+            raise
         exit_with_error(describe(error, args))
     except SIGTERMException as stop:  # every rank stopped at the same step (app/fault_guard.py: FaultGuard)
         # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"

@@ -52,7 +52,8 @@ class Dashboard(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self._interval_steps += 1
-        if trainer.global_step % trainer.log_every_n_steps != 0 or not trainer.is_global_zero:
+        every = trainer.log_every_n_steps  # 0: never, as Lightning reads it
+        if not every or trainer.global_step % every != 0 or not trainer.is_global_zero:
             return
         seconds = time.perf_counter() - self._interval_start
         samples = self._interval_steps * len(batch[0]) * trainer.world_size

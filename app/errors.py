@@ -5,7 +5,8 @@ jsonargparse's (shortened in `app/parser_messages.py`); values the parser accept
 later are tied to the option the user set (`blame_option`); the rest raise `UserError` with their own message.
 """
 
-import linecache
+import inspect
+import os
 import pickle
 import re
 import sys
@@ -56,6 +57,9 @@ VALUE_ERRORS = (
 # Errors of this program and the parser, whose messages say already what to do.
 OWN_ERRORS = (UserError, DataError, ArgumentError)
 OTHER_RANKS_WAIT_S = 3.0
+# Set to 1, every error keeps its traceback, also those this program would have turned into one line.
+TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
+TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 # What gloo and NCCL raise in a rank whose peer has gone: the peer's own message says why it went.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited")
 PEER_LOST_MESSAGE = (
@@ -96,27 +100,53 @@ def exit_with_error(message: str) -> NoReturn:
 
 
 def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
-    """Tie an error that torch, Lightning or a model raised to the one option (of those the user set) it is about.
+    """Tie an error that torch, Lightning or a model raised to the one option (of those the user set) it is about,
+    where the evidence is certain; else None, and the error keeps its traceback as the bug it may be.
 
-    `options` maps `--trainer.log_every_n_steps` style names to the values the user set. Each option scores by how
-    the error points at it: its name in the message (4), its value in the message, or a zero for a division by zero
-    (2), its name in the code that raised it (1: `x % self.trainer.log_every_n_steps`). The one best option wins;
-    none, or a tie, leaves the error unexplained. Returns the one line to print, or None.
+    `options` maps `--trainer.log_every_n_steps` style names to the values the user set. An option is the cause when
+    the error names its value (a zero, for a division by zero) and either names the option too (Lightning's
+    "`max_epochs` must be a non-negative integer or -1. You passed in -5.") or was raised by the very object that
+    takes it as an argument (torch's `Adam.__init__`: "Invalid learning rate: -1.0"; `StepLR.get_lr` dividing by its
+    `step_size` of 0). Exactly one option must qualify. Returns the one line to print, or None.
     """
+    if TRACEBACK_WANTED:
+        return None
     message = one_line(error) or type(error).__name__
-    code = " ".join(linecache.getline(f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)[-3:])
-    scores = {}
+    raiser = _raising_object(error)
+    suspects = []
     for option, value in options.items():
-        name = rf"\b{re.escape(option.rsplit('.', 1)[-1].lstrip('-'))}\b"
+        name = option.rsplit(".", 1)[-1].lstrip("-")
         valued = _value_in(value, message) or (isinstance(error, ZeroDivisionError) and _is_zero(value))
-        scores[option] = 4 * bool(re.search(name, message)) + 2 * valued + bool(re.search(name, code))
-    best = max(scores.values(), default=0)
-    suspects = [option for option, score in scores.items() if score == best]
-    if best == 0 or len(suspects) > 1:
+        named = re.search(rf"\b{re.escape(name)}\b", message) is not None
+        if valued and (named or _takes_argument(raiser, name, value)):
+            suspects.append(option)
+    if len(suspects) != 1:
         return None
     option = suspects[0]
     kind = f" ({type(error).__name__})" if isinstance(error, ArithmeticError) else ""
-    return f"{option} {_shown(options[option])}: {message.rstrip('.')}{kind}. Give {option} another value."
+    return (
+        f"{option} {_shown(options[option])}: {message.rstrip('.!')}{kind}. Give {option} another value"
+        f" ({TRACEBACK_VARIABLE}=1 shows where it was raised)."
+    )
+
+
+def _raising_object(error: BaseException) -> object | None:
+    """The object whose method raised `error` (`self` of the innermost frame), or None."""
+    frames = [frame for frame, _line in traceback.walk_tb(error.__traceback__)]
+    return frames[-1].f_locals.get("self") if frames else None
+
+
+def _takes_argument(obj: object | None, name: str, value: Any) -> bool:
+    """Whether `obj`'s class takes an argument `name` when it is made (`Adam(lr=...)`, `Trainer(max_epochs=...)`),
+    and `value` is not its default there: a default the user never chose (`eta_min=0.0` of a scheduler named on the
+    command line) is no suspect."""
+    if obj is None:
+        return False
+    try:
+        parameter = inspect.signature(type(obj)).parameters.get(name)
+    except (TypeError, ValueError):  # a class without a signature Python can read
+        return False
+    return parameter is not None and (parameter.default is inspect.Parameter.empty or parameter.default != value)
 
 
 def options_set(config, defaults) -> dict[str, Any]:

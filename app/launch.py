@@ -1,7 +1,6 @@
-"""What the processes of a DDP job need beyond what Lightning does: dying with their launcher, talking to the other
-hosts over the interface that reaches them, and leaving at once when the run is over."""
+"""What the processes of a DDP job need beyond what Lightning does: dying with their launcher, and talking to the
+other hosts over the interface that reaches them."""
 
-import atexit
 import ctypes
 import fcntl
 import os
@@ -9,7 +8,6 @@ import signal
 import socket
 import struct
 import sys
-from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -27,22 +25,6 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request was in place
         os._exit(1)
-
-
-def exit_at_once() -> NoReturn:
-    """End a run that finished well with exit status 0, without tearing the interpreter down.
-
-    By now everything the run writes is closed: Lightning closes the loggers at the end of each stage, a checkpoint
-    is renamed into place once written, and `app.cli.main` has destroyed the process group. What a normal exit would
-    still do is free every object of every module and run the native libraries' static destructors: 0.2 s with
-    torch's CUDA build on the development VM, for nothing a user keeps. The atexit handlers still run (logging's
-    flush, the shutdown of DataLoader workers, a logger's own), and Python's and C's buffered output is flushed.
-    """
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    ctypes.CDLL(None).fflush(None)
-    os._exit(0)
 
 
 SIOCGIFADDR = 0x8915  # from <linux/sockios.h>: the IPv4 address of an interface

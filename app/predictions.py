@@ -15,9 +15,10 @@ class PredictionWriter(BasePredictionWriter):
         path: The CSV file to write, or a folder to write `predictions.csv` in; by default the run's folder.
 
     Under DDP each rank predicts its share of the inputs (Lightning's sampler gives every input to exactly one
-    rank, and tells this callback which). Each rank saves its rows beside the CSV, the ranks wait for each other,
-    and global rank 0 merges the parts in input order into the CSV and deletes them. The official test set's rows
-    are `index,prediction,class_name,probability,target`; a folder's (`--data.predict_dir`) are
+    rank, and tells this callback which). The ranks send their rows to global rank 0 through the process group
+    (`torch.distributed.gather_object`: the shares differ in length, which a tensor all-gather cannot take), so
+    nodes need no shared filesystem; rank 0 writes the CSV in input order. The official test set's rows are
+    `index,prediction,class_name,probability,target`; a folder's (`--data.predict_dir`) are
     `file,prediction,class_name,probability`.
     """
 
@@ -33,25 +34,25 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_epoch_end(
         self, trainer: Trainer, pl_module: LightningModule, predictions: list[dict], batch_indices: list
     ) -> None:
-        path = self.csv_path(trainer)
+        path = self.csv_path(trainer)  # on every rank: Lightning's `trainer.log_dir` is a broadcast from rank 0
         rows = {key: torch.cat([batch[key] for batch in predictions]) for key in predictions[0]} if predictions else {}
         rows["index"] = torch.tensor([index for batch in batch_indices[0] for index in batch], dtype=torch.long)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(rows, _part(path, trainer.global_rank))
-        trainer.strategy.barrier()  # every part is written
+        shares = [rows]
+        if trainer.world_size > 1:  # every rank reaches this call, at the end of its predict epoch
+            shares = [None] * trainer.world_size if trainer.is_global_zero else None
+            torch.distributed.gather_object(rows, shares, dst=0)
         if trainer.is_global_zero:
-            self._merge(trainer, path)
-        trainer.strategy.barrier()  # no rank leaves before the CSV is complete
+            self._write(trainer, path, shares)
+        trainer.strategy.barrier()  # no rank ends the run before the CSV is complete
 
-    def _merge(self, trainer: Trainer, path: Path) -> None:
-        parts = [_part(path, rank) for rank in range(trainer.world_size)]
-        loaded = [torch.load(part, weights_only=True) for part in parts]
-        rows = {key: torch.cat([part[key] for part in loaded if key in part]) for key in set().union(*loaded)}
+    def _write(self, trainer: Trainer, path: Path, shares: list[dict]) -> None:
+        rows = {key: torch.cat([share[key] for share in shares if key in share]) for key in set().union(*shares)}
         order = torch.argsort(rows["index"]).tolist()
         names, files = trainer.datamodule.class_names, trainer.datamodule.predict_files
         header = ["file" if files else "index", "prediction", "class_name", "probability"] + (
             [] if files else ["target"]
         )
+        path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(header)
@@ -62,9 +63,3 @@ class PredictionWriter(BasePredictionWriter):
                 if not files:
                     row.append(int(rows["target"][position]))
                 writer.writerow(row)
-        for part in parts:
-            part.unlink()
-
-
-def _part(path: Path, rank: int) -> Path:
-    return path.with_name(f".{path.name}.rank{rank}")

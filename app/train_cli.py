@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -16,7 +17,15 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from app.checkpoint_io import AtomicCheckpointIO
 from app.checkpoints import read_checkpoint
-from app.checks import check_accelerator, check_data, check_launcher, check_sync_batchnorm, check_writable
+from app.checks import (
+    COUNTS,
+    check_accelerator,
+    check_counts,
+    check_data,
+    check_launcher,
+    check_sync_batchnorm,
+    check_writable,
+)
 from app.command_line import subcommand_of
 from app.dashboard import Dashboard
 from app.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
@@ -143,8 +152,15 @@ class TrainCLI(LightningCLI):
 
     def _set_seed(self) -> None:
         check_accelerator(self._get(self.config, "trainer.accelerator"))  # before anything else is printed
-        with self._errors_named_by_option():
+        trainer = self._get(self.config, "trainer")
+        check_counts({f"--trainer.{name}": trainer[name] for name in COUNTS})
+        seed = self._get(self.config, "seed_everything")
+        try:
             super()._set_seed()
+        except ValueError as error:  # the seed is all that Lightning's seed_everything takes
+            raise UserError(
+                f"--seed_everything {seed}: {one_line(error)}. Give --seed_everything another value."
+            ) from error
 
     def instantiate_classes(self) -> None:
         with self._errors_named_by_option():
@@ -159,8 +175,8 @@ class TrainCLI(LightningCLI):
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:
         """A value the parser accepted but torch, Lightning or the model rejected later (`--model.optimizer.lr -1`,
-        `--trainer.log_every_n_steps 0`): one line that names the option, instead of a traceback from every rank.
-        An error that no option the user set can explain is raised as it is."""
+        `--model.lr_scheduler.step_size 0`): one line that names the option, instead of a traceback from every rank,
+        where the evidence is certain (`app.errors.blame_option`). Any other error is raised as it is."""
         try:
             yield
         except VALUE_ERRORS as error:
@@ -229,6 +245,13 @@ class TrainCLI(LightningCLI):
             if Path(ckpt_path).parent.name == "checkpoints" and (run_folder / "config.yaml").is_file()
             else None
         )
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
+        """`--trainer.enable_checkpointing false` turns off the checkpoint callbacks this program adds, as it turns
+        off Lightning's own (Lightning refuses a ModelCheckpoint beside it)."""
+        if config.get("enable_checkpointing") is False:
+            callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
+        return super()._instantiate_trainer(config, callbacks)
 
     def _resuming(self) -> bool:
         return self.config_init[self.subcommand].get("ckpt_path") == "last"

@@ -79,7 +79,8 @@ class ImageClassifier(LightningModule):
         # Per-step curves of this rank's batches. Lightning writes them every `log_every_n_steps` steps only, so
         # they are computed on those steps only: elsewhere they would cost time (and on a GPU a host-device
         # synchronisation when Lightning reads them) for values nobody sees.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+        every = self.trainer.log_every_n_steps  # 0: never, as Lightning reads it
+        if every and (self.global_step + 1) % every == 0:
             self.log("train/loss", loss, prog_bar=True)
             self.log("train/acc", self.train_acc(logits, targets))
         return loss
@@ -132,5 +133,7 @@ class ImageClassifier(LightningModule):
             return optimizer
         peak_lrs = [group["lr"] for group in optimizer.param_groups]
         total_steps = self.trainer.estimated_stepping_batches  # optimizer steps of the whole run, on each rank
+        if total_steps < 1:  # --trainer.limit_train_batches 0: no training step, so nothing to schedule
+            return optimizer
         scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=peak_lrs, total_steps=total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -209,3 +209,12 @@ def test_help_says_what_the_program_does_with_examples(capsys):
     assert "Train SeqNet or ConvNet on MNIST or FashionMNIST" in help_text
     assert help_text.count("  python train.py ") >= 2  # the examples
     assert "fit,validate,test,predict" in help_text.replace(" ", "")
+
+
+def test_a_logger_thread_that_sends_at_exit_gets_to_send(data_dir, tmp_path):
+    sent = tmp_path / "sent.txt"
+    argv = ("--data.data_dir", str(data_dir), "--data.val_size", "200", "--trainer.max_epochs", "1")
+    callback = ("--trainer.callbacks+=tests.helpers.SendsAtExit", "--trainer.callbacks.path", str(sent))
+    result = run_train(*argv, *callback, "--trainer.default_root_dir", str(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sent.read_text() == "sent"

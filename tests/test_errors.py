@@ -9,6 +9,7 @@ import json
 import signal
 import struct
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 from app.cli import main
-from tests.helpers import REPO, run_train
+from app.errors import blame_option
+from tests.helpers import REPO, run_command, run_train, scalars
 from tests.synthetic import write_idx
 
 VAL_SIZE = 200  # 1000 training samples: 10 steps per epoch with 2 processes of 50
@@ -149,7 +151,6 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
             ["--model.lr_scheduler", "CosineAnnealingLR", "--model.lr_scheduler.T_max", "0"],
             "--model.lr_scheduler.T_max 0",
         ),
-        (["--trainer.log_every_n_steps", "0"], "--trainer.log_every_n_steps 0"),
         (["--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches 0"),
         (["--trainer.check_val_every_n_epoch", "0"], "--trainer.check_val_every_n_epoch 0"),
         (["--trainer.val_check_interval", "5000"], "--trainer.val_check_interval 5000"),
@@ -159,7 +160,6 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
         (["--trainer.strategy", "nope"], "--trainer.strategy nope"),
         (["--trainer.accelerator", "tpuu"], "--trainer.accelerator tpuu"),
         (["--trainer.gradient_clip_algorithm", "sideways"], "--trainer.gradient_clip_algorithm sideways"),
-        (["--trainer.max_time", "00:xx:00"], "--trainer.max_time 00:xx:00"),
         (["--checkpoint.save_top_k", "-2"], "--checkpoint.save_top_k -2"),
         (["--checkpoint.monitor", "val/nope"], "--checkpoint.monitor val/nope"),
         (["--seed_everything", "-1"], "--seed_everything -1"),
@@ -168,7 +168,66 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
 def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, args, named):
     message = error_line(list(one_run(data_dir, tmp_path, *args, devices="1")))
     assert message.startswith(f"error: {named}: ")
-    assert message.endswith(f"Give {named.split()[0]} another value.")
+    assert f"Give {named.split()[0]} another value" in message
+
+
+def test_a_message_that_names_no_option_stays_the_librarys_own(data_dir, tmp_path):
+    message = error_line(list(one_run(data_dir, tmp_path, "--trainer.max_time", "00:xx:00", devices="1")))
+    assert message == (
+        "error: `Timer(duration='00:xx:00')` is not a valid duration. Expected a string in the format DD:HH:MM:SS."
+    )
+
+
+def raise_from(function, *args):
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001 (the error is the result)
+        return error
+    raise AssertionError("no error")
+
+
+def test_a_bug_that_happens_to_show_a_value_the_user_set_is_not_blamed_on_the_option():
+    """A coincidence of values is no evidence: the error keeps its traceback (blame_option gives None)."""
+    index_error = raise_from(lambda: torch.zeros(10)[10])  # "index 10 is out of bounds ... with size 10"
+    assert "10" in str(index_error)
+    assert blame_option(index_error, {"--trainer.max_epochs": 10}) is None
+    collective = raise_from(lambda: (_ for _ in ()).throw(RuntimeError("NCCL error: unhandled system error, rank 2")))
+    assert blame_option(collective, {"--trainer.devices": 2}) is None
+    zero = raise_from(lambda: 1 // 0)
+    assert blame_option(zero, {"--trainer.log_every_n_steps": 0}) is None  # not raised by what takes that option
+    lr_error = raise_from(torch.optim.Adam, [torch.zeros(1, requires_grad=True)], -1.0)
+    line = blame_option(lr_error, {"--model.optimizer.lr": -1.0, "--trainer.max_epochs": 3})
+    assert line.startswith("--model.optimizer.lr -1.0: Invalid learning rate: -1.0. Give --model.optimizer.lr")
+
+
+def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_path):
+    args = one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1", devices="1")
+    result = run_command([sys.executable, "train.py", *args], 120, env={"TRAIN_TRACEBACK": "1"})
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr and "ValueError: Invalid learning rate" in result.stderr
+    plain = run_train(*args, timeout=120)
+    assert "TRAIN_TRACEBACK=1" in assert_one_error_line(plain, "--model.optimizer.lr -1.0")
+
+
+@pytest.mark.parametrize(
+    ("args", "what_lightning_does"),
+    [
+        (["--trainer.log_every_n_steps", "0"], "logs no step"),
+        (["--trainer.limit_train_batches", "0"], "trains no step"),
+        (["--trainer.enable_checkpointing", "false"], "saves no checkpoint"),
+    ],
+)
+def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, args, what_lightning_does):
+    main(list(one_run(data_dir, tmp_path, *args, devices="1", epochs="2")))
+    (run,) = (tmp_path / "SeqNet-mnist").iterdir()
+    logged = scalars(run)
+    assert "test/acc" in logged  # the run went through to the test
+    if what_lightning_does == "logs no step":
+        assert "train/loss" not in logged and "perf/samples_per_s" not in logged and "val/acc" in logged
+    elif what_lightning_does == "trains no step":
+        assert "train/loss" not in logged and not list(run.rglob("*.ckpt"))
+    else:
+        assert len(logged["val/acc"]) == 2 and not list(run.rglob("*.ckpt"))
 
 
 # 3. Parser messages

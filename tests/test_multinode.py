@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TRAIN_SIZE
-from tests.helpers import REPO, free_port, run_command, run_local_cluster, scalars
+from tests.conftest import TEST_SIZE, TRAIN_SIZE
+from tests.helpers import NO_NETWORK, REPO, free_port, run_command, run_local_cluster, scalars
 
 VAL_SIZE = 200
 # How long the processes wait for each other.
@@ -238,3 +238,38 @@ def test_an_unreachable_master_addr_ends_in_one_line_after_the_timeout(data_dir,
     assert 10 <= time.monotonic() - started < 60
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error (rank 1): ") and "(10.99.0.3, 29713)" in last_line and "MASTER_ADDR" in last_line
+
+
+def test_predict_on_nodes_without_a_shared_folder_writes_every_row_on_node_0(checkpoint, tmp_path):
+    """Each "node" runs in a folder of its own, as on cloud machines without a shared filesystem: the rows of node 1
+    reach node 0 through the process group, and node 1 writes nothing."""
+    best, _ = checkpoint
+    command = [sys.executable, str(REPO / "train.py"), "predict", "--ckpt_path", str(best), "--devices", "2"]
+    command += ["--num_nodes", "2", "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
+    command += ["--predictions.path", "predictions.csv", "--trainer.default_root_dir", "runs"]
+    env = {**os.environ, **NO_NETWORK, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    nodes = []
+    for rank in range(2):
+        (tmp_path / f"node{rank}").mkdir()
+        nodes.append(
+            subprocess.Popen(
+                command,
+                cwd=tmp_path / f"node{rank}",
+                env={**env, "NODE_RANK": str(rank)},
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        )
+    try:
+        outputs = [node.communicate(timeout=180) for node in nodes]
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    with (tmp_path / "node0" / "predictions.csv").open() as rows:
+        indices = [int(line.split(",")[0]) for line in list(rows)[1:]]
+    assert indices == list(range(TEST_SIZE))  # every test image once, in order, from all 4 processes
+    assert not list((tmp_path / "node1").glob("*predictions*")) and not list((tmp_path / "node1").glob(".*"))
