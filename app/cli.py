@@ -8,7 +8,7 @@ import sys
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.command_line import parse_command
+from app.command_line import parse_command, subcommand_of
 from app.errors import (
     PEER_LOST,
     PEER_LOST_MESSAGE,
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         export_model(argv[1:])
         return
     args, test_after_fit = parse_command(argv)
-    silence_noise()
+    silence_noise(subcommand_of(args))
     interface = choose_socket_interface()
     if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once per node
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")

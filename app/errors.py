@@ -57,7 +57,8 @@ VALUE_ERRORS = (
 # Errors of this program and the parser, whose messages say already what to do.
 OWN_ERRORS = (UserError, DataError, ArgumentError)
 OTHER_RANKS_WAIT_S = 3.0
-# Set to 1, every error keeps its traceback, also those this program would have turned into one line.
+# Set to 1, every error keeps its traceback, also those this program would have turned into one line: `app.cli.main`
+# raises them again, and a line tied to an option shows the error it came from as its cause.
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 # What gloo and NCCL raise in a rank whose peer has gone: the peer's own message says why it went.
@@ -109,8 +110,6 @@ def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
     takes it as an argument (torch's `Adam.__init__`: "Invalid learning rate: -1.0"; `StepLR.get_lr` dividing by its
     `step_size` of 0). Exactly one option must qualify. Returns the one line to print, or None.
     """
-    if TRACEBACK_WANTED:
-        return None
     message = one_line(error) or type(error).__name__
     raiser = _raising_object(error)
     suspects = []

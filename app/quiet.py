@@ -9,13 +9,17 @@ class _DropAdvertisement(logging.Filter):
         return "litlogger" not in record.getMessage()
 
 
-def silence_noise() -> None:
+def silence_noise(subcommand: str | None) -> None:
     # train.py hands LightningCLI a rewritten command line on purpose.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # Lightning 2.6 calls a torch.utils._pytree API that newer torch deprecates; nothing a user can change.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # torchdata's StatefulDataLoader calls a torch function that torch deprecated; nothing a user can change.
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    # `test`, `validate` and `predict` save no checkpoint, so that this run's checkpoint folder differs from the
+    # one the checkpoint was saved in does not matter (Lightning warns once per process).
+    if subcommand in ("validate", "test", "predict"):
+        warnings.filterwarnings("ignore", message="The dirpath has changed from")
     # An advertisement for a hosted logging service, printed by every Trainer.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DropAdvertisement())

@@ -2,7 +2,6 @@
 the settings a checkpoint brings, resuming, the checks before the launch and the summary at the end."""
 
 import os
-import warnings
 from argparse import RawDescriptionHelpFormatter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -225,8 +224,6 @@ class TrainCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
-        if self.subcommand != "fit":  # nothing is saved, so where the checkpoints of this run would go does not matter
-            warnings.filterwarnings("ignore", message="The dirpath has changed from")
         if resuming:
             self.config_init[self.subcommand]["ckpt_path"] = resume_from_newest_checkpoint(
                 trainer, root, self.subcommand

@@ -45,7 +45,7 @@ def test_the_test_set_gives_the_same_csv_with_one_and_two_processes(checkpoint, 
     assert all(row["class_name"] == row["prediction"] and 0 < float(row["probability"]) <= 1 for row in rows)
     correct = sum(row["prediction"] == row["target"] for row in rows)
     assert correct / len(rows) == pytest.approx(test_accuracy, abs=1e-6)
-    assert not list(tmp_path.glob(".predictions*"))  # the ranks' parts are gone
+    assert not list(tmp_path.glob(".predictions*"))  # nothing but the CSV is written
 
 
 def test_test_and_predict_of_a_runs_checkpoint_write_beside_that_run_without_warnings(checkpoint, tmp_path):
