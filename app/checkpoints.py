@@ -1,10 +1,12 @@
 """Reading a checkpoint the user names, with one line that says why when the file is not one train.py can use."""
 
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch import LightningModule
 
 from app.errors import UserError
 
@@ -38,6 +40,16 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
             " no model state. Give a checkpoint written by train.py (runs/*/checkpoints)."
         )
     return checkpoint
+
+
+def saved_model_class(checkpoint: dict[str, Any]) -> type | None:
+    """The model class a checkpoint of LightningCLI names (`hyper_parameters._class_path`, `models.SeqNet`), where it
+    is a LightningModule of a module imported already; else None. Nothing is imported: a checkpoint cannot choose
+    code to run. (Lightning's own `ImageClassifier.load_from_checkpoint` drops `_class_path` and would build the
+    base class: the subclass has to load it.)"""
+    module_name, _, class_name = checkpoint.get("hyper_parameters", {}).get("_class_path", "").rpartition(".")
+    found = getattr(sys.modules.get(module_name), class_name, None)
+    return found if isinstance(found, type) and issubclass(found, LightningModule) else None
 
 
 def _unreadable(path: Path, option: str) -> str:

@@ -88,10 +88,9 @@ class Dashboard(Callback):
     def _sample_grid(self, datamodule: MNISTDataModule, pl_module: LightningModule):
         """The first validation images, predicted by the model as it is now; mistakes first, labelled in red."""
         images, targets = datamodule.val_set[:SAMPLE_POOL]
-        inputs, _ = datamodule.on_after_batch_transfer((images.to(pl_module.device), targets), 0)
         was_training = pl_module.training
         pl_module.eval()
-        predictions = pl_module(inputs).argmax(dim=1).cpu()
+        predictions = pl_module(images.to(pl_module.device)).argmax(dim=1).cpu()
         pl_module.train(was_training)
         shown = torch.argsort((predictions == targets).int(), stable=True)[: self.num_images]
         names = datamodule.class_names

@@ -14,30 +14,17 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
 
-from app.checkpoints import read_checkpoint
-from datamodules.mnist import DATASETS, MNISTDataModule, normalise
-from models import ConvNet, ImageClassifier, SeqNet
+from app.checkpoints import read_checkpoint, saved_model_class
+from datamodules.mnist import MNISTDataModule
+from models import ImageClassifier
 
-MODELS = {"models.SeqNet": SeqNet, "models.ConvNet": ConvNet}
 FORMATS = ("onnx", "torchscript")
+EXAMPLE = torch.zeros(2, 28, 28, dtype=torch.uint8)  # a batch of raw images, to trace the model with
 
 
 class ExportError(RuntimeError):
     """What the user asked for cannot be exported; the message says why and what to do."""
-
-
-class RawImageClassifier(nn.Module):
-    """uint8 images (N, 28, 28) -> logits (N, 10), with the datamodule's normalisation as the first step."""
-
-    def __init__(self, network: nn.Module, mean: float, std: float) -> None:
-        super().__init__()
-        self.network = network
-        self.mean, self.std = mean, std
-
-    def forward(self, images: Tensor) -> Tensor:
-        return self.network(normalise(images, self.mean, self.std))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,17 +46,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def load(checkpoint_path: Path) -> tuple[RawImageClassifier, list[str], str]:
-    """The checkpoint's network wrapped for raw pixels, the class names and the dataset's name."""
+def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
+    """The checkpoint's model, the class names and the dataset's name.
+
+    The model normalises raw pixels itself (models/base.py), so it is exported as it is.
+    """
     checkpoint = read_checkpoint(checkpoint_path)
-    model_class = MODELS.get(checkpoint.get("hyper_parameters", {}).get("_class_path"))
+    model_class = saved_model_class(checkpoint)
     if model_class is None:
         raise ExportError(f"--ckpt_path {checkpoint_path}: not a checkpoint of train.py's SeqNet or ConvNet.")
-    model: ImageClassifier = model_class.load_from_checkpoint(checkpoint_path, map_location="cpu", weights_only=True)
+    model = model_class.load_from_checkpoint(checkpoint_path, map_location="cpu", weights_only=True)
+    model.hparams.channels_last = False  # a memory layout for training kernels; nothing an exported graph keeps
     dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "fashion_mnist")
-    _dataset_class, mean, std = DATASETS[dataset]
-    network = model.net.to(memory_format=torch.contiguous_format).eval()
-    return RawImageClassifier(network, mean, std).eval(), MNISTDataModule(dataset=dataset).class_names, dataset
+    return model.eval(), MNISTDataModule(dataset=dataset).class_names, dataset
 
 
 def export(args: argparse.Namespace) -> Path:
@@ -78,9 +67,9 @@ def export(args: argparse.Namespace) -> Path:
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         if args.format == "torchscript":
-            with warnings.catch_warnings():  # torch 2.9+ calls TorchScript deprecated; it is what was asked for
-                warnings.filterwarnings("ignore", category=FutureWarning, message=r"`torch\.jit")
-                torch.jit.save(torch.jit.script(model), str(output))
+            with warnings.catch_warnings():  # torch 2.9+ and Lightning 2.7+ deprecate TorchScript; it was asked for
+                warnings.filterwarnings("ignore", message=r".*(`torch\.jit|to_torchscript)")
+                model.to_torchscript(output, method="trace", example_inputs=EXAMPLE)
         else:
             write_onnx(model, output, class_names, dataset)
     except OSError as error:
@@ -90,17 +79,14 @@ def export(args: argparse.Namespace) -> Path:
     return output
 
 
-def write_onnx(model: RawImageClassifier, output: Path, class_names: list[str], dataset: str) -> None:
+def write_onnx(model: ImageClassifier, output: Path, class_names: list[str], dataset: str) -> None:
     try:
         import onnx
     except ImportError as error:
         raise ExportError("--format onnx needs the onnx package: pip install -e '.[export]'.") from error
-    example = torch.zeros(2, 28, 28, dtype=torch.uint8)
     axes = {"images": {0: "batch"}, "logits": {0: "batch"}}
     with open(output, "wb") as file:  # an unwritable path fails here, before the export's work
-        torch.onnx.export(
-            model, (example,), file, input_names=["images"], output_names=["logits"], dynamic_axes=axes, dynamo=False
-        )
+        model.to_onnx(file, EXAMPLE, input_names=["images"], output_names=["logits"], dynamic_axes=axes, dynamo=False)
     graph = onnx.load(str(output))
     for key, value in {"class_names": json.dumps(class_names), "dataset": dataset}.items():
         graph.metadata_props.add(key=key, value=value)

@@ -3,7 +3,7 @@
 1. lightning: this project's model and datamodule under `Trainer(strategy="ddp")`, as train.py runs them
    (no logger, checkpoints or progress bar: the bare training loop).
 2. plain: a hand-written PyTorch DDP loop, the reference Lightning itself checks parity against: same network,
-   same uint8 batches normalised on the device, `DistributedDataParallel`, `DistributedSampler`, Adam.
+   same uint8 batches normalised on the device by the model, `DistributedDataParallel`, `DistributedSampler`, Adam.
 3. tutorial: the plain loop fed the tutorials' way: torchvision's MNIST with `ToTensor()` and `Normalize()` per
    sample (a PIL image per sample) through a `DataLoader` with a `DistributedSampler`.
 
@@ -263,9 +263,9 @@ class PlainLoop:
     """The plain PyTorch DDP loop: `DistributedDataParallel`, a `DistributedSampler` re-shuffled every epoch, and
     the model's optimizer.
 
-    Fed the project's way (uint8 batches from the datamodule's tensors, normalised on the device) or, with
-    `tutorial`, the tutorials' way (torchvision's MNIST, `ToTensor()` and `Normalize()` per sample). Needs the
-    process group to exist.
+    Fed the project's way (uint8 batches from the datamodule's tensors, which the model normalises on the device)
+    or, with `tutorial`, the tutorials' way (torchvision's MNIST, `ToTensor()` and `Normalize()` per sample, into
+    the network alone). Needs the process group to exist.
     """
 
     def __init__(self, args: argparse.Namespace, device, tutorial: bool = False) -> None:
@@ -289,9 +289,12 @@ class PlainLoop:
         self.loader = DataLoader(dataset, batch_size=args.batch_size, sampler=self.sampler, collate_fn=collate)
         module = _model(args.model)
         module.configure_model()  # the model's own speed settings (channels_last), as Lightning applies them
-        # The whole module, so that its forward lays the images out as the network wants (channels_last).
+        module.pixel_mean.fill_(self.datamodule.mean)  # as the model's `setup` does under Lightning
+        module.pixel_std.fill_(self.datamodule.std)
+        # The whole module, so that its forward normalises the images and lays them out as the network wants
+        # (channels_last); the tutorial's images come normalised, for the network alone.
         device_ids = [device.index] if device.type == "cuda" else None
-        self.model = DistributedDataParallel(module.to(device), device_ids=device_ids)
+        self.model = DistributedDataParallel((module.net if tutorial else module).to(device), device_ids=device_ids)
         self.optimizer = module.optimizer(self.model.parameters())  # the model's own: Adam, lr 0.01, fused
         self.device, self.tutorial, self.epoch, self.batches = device, tutorial, 0, iter(self.loader)
 
@@ -304,8 +307,6 @@ class PlainLoop:
         for _ in range(steps):
             images, targets = self._next_batch()
             images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-            if not self.tutorial:
-                images, targets = self.datamodule.on_after_batch_transfer((images, targets), 0)
             loss = F.cross_entropy(self.model(images), targets)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()

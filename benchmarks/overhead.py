@@ -8,9 +8,9 @@ one run to the next, more than the difference it should show. Here one torchrun 
 down slows both. Every other Lightning chunk checks for SIGTERM before every step, as Lightning does by itself
 (`--fault_guard.every_n_steps 1`). The median chunk of each kind gives ms per step.
 
-A second table splits the step: the work both paths share (the model's forward, the loss, autograd's backward with
-DDP's all-reduce, Adam's update, building and normalising the batch) is timed where each path calls it; the rest
-is each loop's own code with what it calls around that work (DDP's forward wrapper, the optimizer's step wrapper,
+A second table splits the step: the work both paths share (the model's forward with the normalisation, the loss,
+autograd's backward with DDP's all-reduce, Adam's update, building the batch) is timed where each path calls it; the
+rest is each loop's own code with what it calls around that work (DDP's forward wrapper, the optimizer's step wrapper,
 the DataLoader's iteration). On a GPU these are host times: the device is not synchronised around each piece.
 
     python benchmarks/overhead.py --data-dir ../shared/datasets --model SeqNet --devices 2 --batch-size 64
@@ -52,7 +52,6 @@ SHARED_WORK = {
     "backward": (torch.autograd, "backward"),  # Tensor.backward calls it; DDP's all-reduce runs inside
     "Adam": (importlib.import_module("torch.optim.adam"), "adam"),  # Adam.step's update, after the closure
     "batch": (BatchedTensorDataset, "__getitems__"),
-    "normalise": (MNISTDataModule, "on_after_batch_transfer"),
 }
 
 

@@ -2,8 +2,8 @@
 
 torchvision decodes each IDX file into a single uint8 tensor (`.data`, `.targets`). The tutorials then turn
 every sample into a PIL image and back (`ToTensor()`), which costs more than the tiny networks do. Here a batch
-is one indexing operation on that tensor; it travels to the device as uint8 (a quarter of the bytes of float32)
-and is normalised there, in `on_after_batch_transfer`.
+is one indexing operation on that tensor; it travels to the device as uint8 (a quarter of the bytes of float32),
+where the model normalises it with the statistics this module names (`mean`, `std`; models/base.py).
 """
 
 import os
@@ -50,11 +50,6 @@ class BatchedTensorDataset(TensorDataset):
             # GPU to finish every step queued before it, so that the host could never run ahead of the device.
             index = index.pin_memory().to(device, non_blocking=True)
         return self[index]
-
-
-def normalise(images: Tensor, mean: float, std: float) -> Tensor:
-    """uint8 images (N, 28, 28) as the network's input: float (N, 1, 28, 28), scaled to [0, 1], then standardised."""
-    return (images.unsqueeze(1).float() / 255 - mean) / std
 
 
 def already_batched(batch: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -303,14 +298,3 @@ class MNISTDataModule(LightningDataModule):
             f" {self.hparams.batch_size} -> {global_batch // per_step}, to keep the global batch of {global_batch}."
         )
         self.hparams.batch_size = global_batch // per_step
-
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        """Turn the uint8 images (N, 28, 28) into normalised float images (N, 1, 28, 28), on the device.
-
-        Lightning also passes the model's `example_input_array` (a float tensor, already a model input) through
-        this hook when it summarises the model; that goes through unchanged.
-        """
-        if isinstance(batch, Tensor):
-            return batch
-        images, targets = batch
-        return normalise(images, self.mean, self.std), targets

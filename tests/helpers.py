@@ -100,7 +100,7 @@ class RecordTrainSamples(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         datamodule = trainer.datamodule
-        images, _targets = datamodule.on_after_batch_transfer(datamodule.train_set.tensors, 0)
+        images, _targets = datamodule.train_set.tensors
         self.index_of = {image.numpy().tobytes(): index for index, image in enumerate(images)}
         self.seen: list[int] = []  # a run continued mid-epoch starts with no on_train_epoch_start
 

@@ -29,6 +29,11 @@ def read_idx_images(path: Path) -> np.ndarray:
     return np.frombuffer(data[16:], dtype=np.uint8).reshape(count, 28, 28)
 
 
+def read_idx_labels(path: Path) -> np.ndarray:
+    """The labels of an IDX file written by `write_idx`, as a uint8 array (N,)."""
+    return np.frombuffer(path.read_bytes()[8:], dtype=np.uint8)
+
+
 def make_split(size: int, generator: torch.Generator, patterns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     labels = torch.arange(size) % 10
     labels = labels[torch.randperm(size, generator=generator)]

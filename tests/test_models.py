@@ -1,19 +1,27 @@
-"""The two networks: the tutorials' sizes, and that each learns under a real (single-process) Trainer."""
+"""The two networks: the tutorials' sizes, raw pixels in, that each learns under a real (single-process) Trainer,
+and that a checkpoint alone classifies raw pixels."""
 
+import re
+
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import Trainer
 from torch import nn
 
 from datamodules import MNISTDataModule
+from datamodules.mnist import DATASETS
 from models import ConvNet, SeqNet
+from tests.helpers import run_train
+from tests.synthetic import read_idx_images, read_idx_labels
 
 
 @pytest.mark.parametrize(("model_class", "parameters"), [(SeqNet, 199_210), (ConvNet, 225_226)])
 def test_networks_have_the_tutorials_sizes_and_output_ten_logits(model_class, parameters):
     model = model_class()
     assert sum(p.numel() for p in model.parameters()) == parameters
-    assert model(torch.zeros(4, 1, 28, 28)).shape == (4, 10)
+    assert model(torch.zeros(4, 28, 28, dtype=torch.uint8)).shape == (4, 10)  # raw pixels, as the IDX files hold
 
 
 def test_seqnet_has_no_log_softmax_inside_and_uses_sigmoid():
@@ -22,9 +30,11 @@ def test_seqnet_has_no_log_softmax_inside_and_uses_sigmoid():
     assert layers.count(nn.Sigmoid) == 2
 
 
-@pytest.mark.parametrize("model_class", [SeqNet, ConvNet])
-def test_model_learns_the_synthetic_task(data_dir, tmp_path, model_class):
-    datamodule = MNISTDataModule(dataset="mnist", data_dir=str(data_dir), val_size=200, batch_size=50)
+@pytest.mark.parametrize(("model_class", "dataset"), [(SeqNet, "mnist"), (ConvNet, "fashion_mnist")])
+def test_model_learns_the_synthetic_task_normalising_with_its_datasets_statistics(
+    data_dir, tmp_path, model_class, dataset
+):
+    datamodule = MNISTDataModule(dataset=dataset, data_dir=str(data_dir), val_size=200, batch_size=50)
     trainer = Trainer(
         accelerator="cpu",
         devices=1,
@@ -37,5 +47,48 @@ def test_model_learns_the_synthetic_task(data_dir, tmp_path, model_class):
     )
     model = model_class()
     trainer.fit(model, datamodule=datamodule)
+    _dataset_class, mean, std = DATASETS[dataset]
+    assert (model.hparams.pixel_mean, model.hparams.pixel_std) == (mean, std)
     (results,) = trainer.test(model, datamodule=datamodule, verbose=False)
     assert results["test/acc"] >= 0.85  # chance is 0.1, the best possible about 0.95
+
+
+def synthetic_test_set(data_dir) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synthetic MNIST test images as the IDX file holds them, and their labels."""
+    raw = data_dir / "MNIST" / "raw"
+    images = torch.from_numpy(read_idx_images(raw / "t10k-images-idx3-ubyte").copy())
+    return images, torch.from_numpy(read_idx_labels(raw / "t10k-labels-idx1-ubyte").astype(np.int64))
+
+
+def by_hand(model: SeqNet, images: torch.Tensor) -> torch.Tensor:
+    """The network's logits for images normalised with MNIST's statistics, outside the model."""
+    _dataset_class, mean, std = DATASETS["mnist"]
+    with torch.no_grad():
+        return model.net((images.unsqueeze(1).float() / 255 - mean) / std)
+
+
+def test_a_checkpoint_alone_classifies_raw_pixels_as_the_run_did(checkpoint, data_dir):
+    """No datamodule: the statistics come with the weights."""
+    best, test_accuracy = checkpoint
+    model = SeqNet.load_from_checkpoint(best, map_location="cpu", weights_only=True).eval()
+    images, labels = synthetic_test_set(data_dir)
+    with torch.no_grad():
+        logits = model(images)
+    assert torch.allclose(logits, by_hand(model, images), atol=1e-5)
+    accuracy = (logits.argmax(dim=1) == labels).double().mean().item()
+    assert accuracy == pytest.approx(test_accuracy, abs=1e-6)  # what `test` logged, as a model file on its own
+
+
+def test_testing_a_checkpoint_from_the_command_line_normalises_with_the_checkpoints_statistics(checkpoint, data_dir):
+    """`test --ckpt_path` builds the model from the command line, then loads the weights: the statistics the
+    weights were trained with must come from the checkpoint too (LightningCLI restores its hyperparameters)."""
+    best, _test_accuracy = checkpoint
+    images, labels = synthetic_test_set(data_dir)
+    model = SeqNet.load_from_checkpoint(best, map_location="cpu").eval()
+    expected_loss = F.cross_entropy(by_hand(model, images), labels).item()
+    result = run_train(
+        "test", "--ckpt_path", str(best), "--data.data_dir", str(data_dir), "--trainer.accelerator", "cpu"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    finished = re.search(r"Finished: test/acc \S+  test/loss (\S+)", result.stdout + result.stderr)
+    assert finished is not None and float(finished.group(1)) == pytest.approx(expected_loss, abs=1e-4)
