@@ -1,8 +1,11 @@
 # The two commands of the README, spelled out. `make test` is what CI runs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The lowest versions pyproject.toml declares (.ci/lowest.txt), in the lowest Python it declares.
+LOWEST_VENV ?= .venv-lowest
+LOWEST_PYTHON ?= python3.10
 
-.PHONY: install train test lint format clean
+.PHONY: install train test test-fast test-lowest lint format clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -21,9 +24,21 @@ lint: install
 test: lint
 	$(PY) -m pytest
 
+# The tests a developer runs while working: without the long multi-process runs (marked slow).
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+# CI's second environment: every dependency at its declared floor, then the fast tests.
+test-lowest:
+	rm -rf $(LOWEST_VENV)
+	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/python -m pip install -q -c .ci/lowest.txt -e ".[dev]"
+	$(LOWEST_VENV)/bin/python -m pytest -m "not slow" -p no:cacheprovider
+
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf runs .pytest_cache .ruff_cache
+	rm -rf runs .pytest_cache .ruff_cache $(LOWEST_VENV)

@@ -56,7 +56,8 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
 
     The command runs in a session of its own, and every process of that session is killed at the end whatever
     happened: a timeout or a crash leaves no rank of a DDP job behind. (local_cluster.sh puts each node in a
-    session of its own and ends them itself.)
+    session of its own and ends them itself.) A command still running at the timeout fails the test with what it
+    printed until then, so that a hang shows where it happened.
     """
     env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(
@@ -70,6 +71,12 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(
+            f"{' '.join(command)}\nstill running after {timeout} s. Its output:\n{stdout[-2000:]}\n{stderr[-4000:]}"
+        ) from None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -249,7 +256,8 @@ class NoSpaceAfterEpoch(Callback):
 
 class CtrlCAfterStep(Callback):
     """Test instrument: after training step `step`, rank 0 sends SIGINT to every process of its process group, as a
-    terminal does on Ctrl-C (tests start train.py in a session of its own); `presses` times, a second apart."""
+    terminal does on Ctrl-C (tests start train.py in a session of its own); `presses` times, each once the one before
+    has reached rank 0's FaultGuard (two signals that arrive before Python runs the handler count as one)."""
 
     def __init__(self, step: int = 1, presses: int = 1) -> None:
         self.step = step
@@ -257,9 +265,11 @@ class CtrlCAfterStep(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if (trainer.global_rank, trainer.global_step) == (0, self.step):
-            for press in range(self.presses):
-                time.sleep(press)
+            guard = next(callback for callback in trainer.callbacks if type(callback).__name__ == "FaultGuard")
+            for _press in range(self.presses):
                 os.killpg(os.getpgrp(), signal.SIGINT)
+                while guard.stop_signal is None:  # Python runs the handler between two steps of this loop
+                    pass
 
 
 class DivergeInEpoch(Callback):

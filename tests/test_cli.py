@@ -191,6 +191,7 @@ def test_runs_without_a_logger(data_dir, tmp_path):
         assert "Training in 1 process on the CPU" in result.stderr and "--devices N trains with DDP" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_folder_gets_its_own_version(data_dir, tmp_path):
     argv = ("--data.data_dir", str(data_dir), "--data.val_size", "200", "--trainer.max_epochs", "1")
     for _ in range(2):

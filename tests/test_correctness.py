@@ -15,6 +15,8 @@ import torch
 from app.cli import main
 from tests.helpers import max_difference, run_train, scalars
 
+pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+
 # One epoch of 1,000 training images (1,200 minus 200 for validation): 10 optimizer steps of 100 samples.
 COMMON = (
     *("fit", "--data.dataset", "mnist", "--data.val_size", "200", "--trainer.max_epochs", "1"),

@@ -119,6 +119,7 @@ def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_r
     assert "train/loss" not in scalars(evaluation)  # no training happened
 
 
+@pytest.mark.slow
 def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, tmp_path):
     """301 test images: 2 and 3 processes get uneven shares, which Lightning's default sampler would pad."""
     root, _result = fit_run

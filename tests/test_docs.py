@@ -90,3 +90,18 @@ def test_the_offline_example_reads_the_four_files_where_the_readme_puts_them(dat
     result = run_command([sys.executable, str(REPO / "train.py"), *command.split(), *quick], 120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "runs" / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_the_global_batch_line_of_the_configuration_page_is_what_a_run_prints(data_dir, tmp_path):
+    """docs/configuration.md shows the line a 2-process run with the defaults starts with (on MNIST's 55,000
+    training images); the same run on the small test set prints it with its own number of steps."""
+    (documented,) = re.findall(r"(?m)^Global batch .*$", (REPO / "docs" / "configuration.md").read_text())
+    pattern = re.escape(documented).replace("430", r"\d+")
+    result = run_train(
+        *("fit", "--data.data_dir", str(data_dir), "--data.val_size", "200", "--devices", "2"),
+        *("--trainer.accelerator", "cpu"),
+        *("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "0"),
+        *("--trainer.default_root_dir", str(tmp_path)),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(pattern, result.stdout + result.stderr), (documented, result.stderr[-2000:])

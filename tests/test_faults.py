@@ -17,6 +17,8 @@ import torch
 from tests.conftest import TRAIN_SIZE
 from tests.helpers import REPO, free_port, max_difference, run_command, run_train, scalars
 
+pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+
 VAL_SIZE = 200  # 1000 training samples: 10 steps of a global batch of 100 per epoch
 CHECKPOINTS = Path("SeqNet-mnist") / "version_0" / "checkpoints"
 STALL_TIMEOUT = ("--fault_guard.stall_timeout", "5")

@@ -18,6 +18,8 @@ import torch
 from tests.conftest import TEST_SIZE, TRAIN_SIZE
 from tests.helpers import NO_NETWORK, REPO, free_port, run_command, run_local_cluster, scalars
 
+pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+
 VAL_SIZE = 200
 # How long the processes wait for each other.
 TIMEOUT_10S = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:10")

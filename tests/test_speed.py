@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import run_command
 
+pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+
 
 def host_reads_of_a_fit(out_dir, argv: list[str]) -> dict[str, list[str]]:
     """Run `train.py fit ARGV` and return, for each rank, where each read of a tensor value happened."""

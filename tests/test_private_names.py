@@ -1,0 +1,67 @@
+"""Every private name of Lightning, torch, jsonargparse or argparse that this program touches, checked where it lives.
+
+No public route does what these do (each place in the code says why). A new version that moves or renames one
+fails here, naming it, instead of somewhere deep in a run, or, worse, silently: `app/fault_guard.py` would stop
+replacing Lightning's signal handlers, `app/train_cli.py` would stop checking options before the launch.
+"""
+
+import argparse
+import inspect
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from torch.utils.tensorboard import SummaryWriter
+
+
+def parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+@pytest.fixture(scope="module")
+def trainer() -> Trainer:
+    return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+
+
+def test_fault_guard_finds_lightnings_signal_handlers_and_per_step_check(trainer):
+    # app/fault_guard.py: FaultGuard.setup puts its own handlers in these attributes, which Lightning's connector
+    # reads when it registers the handlers, and `_check` calls Lightning's own requeue.
+    assert isinstance(trainer._signal_connector, _SignalConnector), "Trainer._signal_connector moved"
+    for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn"):
+        assert parameters(getattr(_SignalConnector, name)) == ["self", "signum", "_"], f"_SignalConnector.{name}"
+    source = inspect.getsource(_SignalConnector.register_signal_handlers)
+    for name in ("self._sigterm_notifier_fn", "self._slurm_sigusr_handler_fn"):
+        assert name in source, f"_SignalConnector.register_signal_handlers no longer installs {name}"
+    # FaultGuard.on_train_start: the broadcast of rank 0's SIGTERM flag before every training step.
+    loop = trainer.fit_loop.epoch_loop
+    assert parameters(loop._broadcast_sigterm_tensor) == [], "_TrainingEpochLoop._broadcast_sigterm_tensor"
+    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(type(loop)), "the per-step SIGTERM check moved"
+    # FaultGuard.on_fit_start: the loader Lightning built before the checkpoint was read.
+    assert "_combined_loader" in vars(trainer.fit_loop), "_FitLoop._combined_loader"
+
+
+def test_train_cli_overrides_lightning_cli_methods_with_their_signatures():
+    # app/train_cli.py: checks before the seed, errors named by option, checkpoint callbacks left out.
+    assert parameters(LightningCLI._set_seed) == ["self"], "LightningCLI._set_seed"
+    assert parameters(LightningCLI._run_subcommand) == ["self", "subcommand"], "LightningCLI._run_subcommand"
+    assert parameters(LightningCLI._instantiate_trainer) == ["self", "config", "callbacks"], (
+        "LightningCLI._instantiate_trainer"
+    )
+    assert parameters(LightningCLI._get) == ["self", "config", "key", "default"], "LightningCLI._get"
+    assert "self._subcommand_parsers" in inspect.getsource(LightningCLI), "LightningCLI._subcommand_parsers"
+    # _load_checkpoints_as_data_only asks each subcommand's parser (jsonargparse's, an argparse parser) whether it
+    # takes --weights_only.
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weights_only")
+    assert "--weights_only" in parser._option_string_actions, "argparse.ArgumentParser._option_string_actions"
+
+
+def test_the_logger_finds_lightnings_hyperparameter_helpers():
+    # app/logger.py: writes the hparams table itself, as Lightning's TensorBoardLogger does.
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    assert _flatten_dict(_convert_params({"a": {"b": 1}})) == {"a/b": 1}, "lightning.fabric.utilities.logger"
+    assert callable(TensorBoardLogger._sanitize_params), "TensorBoardLogger._sanitize_params"
+    assert parameters(SummaryWriter._get_file_writer) == ["self"], "SummaryWriter._get_file_writer"
