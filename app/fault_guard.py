@@ -132,9 +132,7 @@ class FaultGuard(Callback):
         trainer.fit_loop._combined_loader = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        loop = trainer.fit_loop.epoch_loop
-        if hasattr(loop, "_broadcast_sigterm_tensor"):  # Lightning's per-step check, absent before 2.5
-            loop._broadcast_sigterm_tensor = lambda: None
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs

@@ -200,9 +200,8 @@ class TrainCLI(LightningCLI):
         unpickles anything from a URL. This program's checkpoints hold tensors and plain settings only, so they load
         either way; one that needs `--weights_only false` should come from a source one trusts.
         """
-        for subparser in self._subcommand_parsers.values():
-            if "--weights_only" in subparser._option_string_actions:  # a `weights_only` argument, Lightning >= 2.6
-                subparser.set_defaults({"weights_only": True})
+        for subparser in self._subcommand_parsers.values():  # fit, validate, test and predict all take it
+            subparser.set_defaults({"weights_only": True})
 
     def instantiate_trainer(self, **kwargs):
         """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and

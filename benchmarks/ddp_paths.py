@@ -289,8 +289,8 @@ class PlainLoop:
         self.loader = DataLoader(dataset, batch_size=args.batch_size, sampler=self.sampler, collate_fn=collate)
         module = _model(args.model)
         module.configure_model()  # the model's own speed settings (channels_last), as Lightning applies them
-        module.pixel_mean.fill_(self.datamodule.mean)  # as the model's `setup` does under Lightning
-        module.pixel_std.fill_(self.datamodule.std)
+        # The training set's statistics, as the model's `setup` takes them under Lightning.
+        module.hparams.pixel_mean, module.hparams.pixel_std = self.datamodule.mean, self.datamodule.std
         # The whole module, so that its forward normalises the images and lays them out as the network wants
         # (channels_last); the tutorial's images come normalised, for the network alone.
         device_ids = [device.index] if device.type == "cuda" else None

@@ -21,8 +21,8 @@ class ImageClassifier(LightningModule):
     `setup` takes them from the datamodule when fitting starts (`MNISTDataModule.mean`, `.std`). They are
     hyperparameters, so a checkpoint is a complete classifier of raw pixels: `predict`, `export` (Lightning's
     `to_onnx`), `SeqNet.load_from_checkpoint`, LightningCLI's `test --ckpt_path` (which restores the
-    hyperparameters) and a user's own code need nothing else. (As buffers they would be in
-    the state dict too, but DDP would broadcast them before every step: 7-12% of SeqNet's step on 2 CPU processes.)
+    hyperparameters) and a user's own code need nothing else. (As buffers they would be in the state dict too, but
+    DDP would broadcast them before every step: 7-12% of SeqNet's step on 2 CPU processes.)
     Batches travel to the device as uint8, a quarter of the bytes of float32, and become floats there, in `forward`.
 
     The optimizer and the optional LR scheduler are constructor arguments, so the CLI chooses them

@@ -1,11 +1,10 @@
-"""Every private name of Lightning, torch, jsonargparse or argparse that this program touches, checked where it lives.
+"""Every private name of Lightning or torch that this program touches, checked where it lives.
 
 No public route does what these do (each place in the code says why). A new version that moves or renames one
 fails here, naming it, instead of somewhere deep in a run, or, worse, silently: `app/fault_guard.py` would stop
 replacing Lightning's signal handlers, `app/train_cli.py` would stop checking options before the launch.
 """
 
-import argparse
 import inspect
 
 import pytest
@@ -51,11 +50,6 @@ def test_train_cli_overrides_lightning_cli_methods_with_their_signatures():
     )
     assert parameters(LightningCLI._get) == ["self", "config", "key", "default"], "LightningCLI._get"
     assert "self._subcommand_parsers" in inspect.getsource(LightningCLI), "LightningCLI._subcommand_parsers"
-    # _load_checkpoints_as_data_only asks each subcommand's parser (jsonargparse's, an argparse parser) whether it
-    # takes --weights_only.
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--weights_only")
-    assert "--weights_only" in parser._option_string_actions, "argparse.ArgumentParser._option_string_actions"
 
 
 def test_the_logger_finds_lightnings_hyperparameter_helpers():
