@@ -9,19 +9,12 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line import parse_command, subcommand_of
-from app.errors import (
-    PEER_LOST,
-    PEER_LOST_MESSAGE,
-    RENDEZVOUS_ERRORS,
-    TRACEBACK_WANTED,
-    USER_ERRORS,
-    describe,
-    exit_with_error,
-)
+from app.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
 from app.export import ExportError, export
 from app.export import parse as parse_export_arguments
 from app.launch import choose_socket_interface
 from app.quiet import silence_noise
+from app.report import TRACEBACK_WANTED, exit_with_bug, exit_with_error
 from app.train_cli import TrainCLI
 
 __all__ = ["close_process_group", "main", "parse_command"]
@@ -48,10 +41,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
     except KeyboardInterrupt:  # Ctrl-C before training started or after it ended
         sys.exit(128 + signal.SIGINT)
-    except RuntimeError as error:
-        if not PEER_LOST.search(str(error)):
+    except Exception as error:
+        if TRACEBACK_WANTED:
             raise
-        exit_with_error(PEER_LOST_MESSAGE)  # a rank other than 0 usually ends before it says so
+        if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
+            exit_with_error(PEER_LOST_MESSAGE)
+        exit_with_bug(error)
     finally:
         close_process_group()
 

@@ -25,7 +25,10 @@ class Dashboard(Callback):
 
     Speed is measured on rank 0 by the wall clock over each logging interval (`--trainer.log_every_n_steps`), with
     no device synchronisation: `perf/samples_per_s` counts the samples of all ranks, `perf/step_ms` is the mean
-    time of one training step. Both also show in the progress bar.
+    time of one training step. Both also show in the progress bar. (Lightning's `ThroughputMonitor` would call
+    `torch.cuda.synchronize()` after every step on a GPU, and its clock runs through validation and checkpoints.)
+    Per-class accuracy comes from the validation confusion matrix the model has already summed over the ranks;
+    torchmetrics' `ClasswiseWrapper` would count the same predictions again and sync them in one more collective.
     """
 
     def __init__(

@@ -1,25 +1,23 @@
 """Every mistake a user can make ends in one line: what is wrong and what to do, from one process, exit status 1.
 
-`app.cli.main` catches the errors listed here and prints `describe(error)`. Mistakes found while parsing are
-jsonargparse's (shortened in `app/parser_messages.py`); values the parser accepts but torch or Lightning reject
-later are tied to the option the user set (`blame_option`); the rest raise `UserError` with their own message.
+`app.cli.main` catches the errors listed here and prints `describe(error)`, from one process (`app/report.py`).
+Mistakes found while parsing are jsonargparse's (shortened in `app/parser_messages.py`); values the parser accepts
+but torch or Lightning reject later are tied to the option the user set (`blame_option`); the rest raise `UserError`
+with their own message. Any other error is a bug, and keeps its traceback.
 """
 
 import inspect
-import os
 import pickle
 import re
-import sys
-import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities import rank_zero_only
 
 from app.parser_messages import shorten
+from app.report import TRACEBACK_VARIABLE
 from datamodules import DataError
 
 
@@ -56,11 +54,6 @@ VALUE_ERRORS = (
 )
 # Errors of this program and the parser, whose messages say already what to do.
 OWN_ERRORS = (UserError, DataError, ArgumentError)
-OTHER_RANKS_WAIT_S = 3.0
-# Set to 1, every error keeps its traceback, also those this program would have turned into one line: `app.cli.main`
-# raises them again, and a line tied to an option shows the error it came from as its cause.
-TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
-TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 # What gloo and NCCL raise in a rank whose peer has gone: the peer's own message says why it went.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited")
 PEER_LOST_MESSAGE = (
@@ -73,7 +66,15 @@ def one_line(error: BaseException) -> str:
 
 
 def describe(error: BaseException, argv: list[str] = ()) -> str:
-    """One line that says what went wrong (with the command line `argv`) and what to do about it."""
+    """One line that says what went wrong (with the command line `argv`) and what to do about it; where this
+    program turned an error of torch's or Lightning's into a `UserError`, how to see that error's traceback."""
+    line = _describe(error, argv)
+    if isinstance(error, UserError) and error.__cause__ is not None and TRACEBACK_VARIABLE not in line:
+        line = f"{line} ({TRACEBACK_VARIABLE}=1 shows the error this came from)"
+    return line
+
+
+def _describe(error: BaseException, argv: list[str]) -> str:
     if isinstance(error, RENDEZVOUS_ERRORS):
         return f"{one_line(error)} {RENDEZVOUS_HINT}"
     if isinstance(error, ArgumentError):
@@ -84,20 +85,6 @@ def describe(error: BaseException, argv: list[str] = ()) -> str:
         ckpt_path = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--ckpt_path"), "")
         return unpickling_problem(f"--ckpt_path {ckpt_path}".strip(), error)
     return one_line(error)
-
-
-def exit_with_error(message: str) -> NoReturn:
-    """Print `error: MESSAGE` and exit with status 1; from global rank 0 when every rank fails alike.
-
-    Under DDP every rank usually meets the same mistake. The launcher (Lightning's, torchrun, SLURM) ends the other
-    ranks once one has failed, so a rank other than 0 waits a moment before it speaks: when rank 0 fails too, it is
-    ended during the wait and the user reads one line; when it failed alone, its line comes a little later.
-    """
-    rank = rank_zero_only.rank
-    if rank == 0:
-        sys.exit(f"error: {message}")
-    time.sleep(OTHER_RANKS_WAIT_S)
-    sys.exit(f"error (rank {rank}): {message}")
 
 
 def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:

@@ -65,7 +65,9 @@ class FaultGuard(Callback):
 
     The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
     `TrainingDiverged` there, before `last.ckpt` would be overwritten with the diverged weights. The loss stays on
-    its device until the check, so this adds no host-device synchronisation to the other steps.
+    its device until the check, so this adds no host-device synchronisation to the other steps. (Lightning's
+    `EarlyStopping(check_finite=True)` looks at a logged metric once per validation and only asks the run to stop:
+    the checkpoints of that epoch are still written, with the diverged weights.)
     """
 
     def __init__(self, every_n_steps: PositiveInt = 50, stall_timeout: NonNegativeInt = 60) -> None:

@@ -1,5 +1,7 @@
 """What one optimizer step is made of, printed and logged at the start of training."""
 
+import math
+
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -8,13 +10,16 @@ class GlobalBatchInfo(Callback):
     """Print and log what one optimizer step is made of, so a user sees what changing `--devices` does.
 
     Under DDP each of the `world_size` processes takes `batch_size` samples per step and the gradients are
-    averaged, so one step sees the global batch. Lightning does not rescale the learning rate.
+    averaged, so one step sees the global batch. Lightning does not rescale the learning rate. An epoch whose
+    batches do not divide by `accumulate_grad_batches` ends with a step on the ones left over, so its steps are
+    rounded up; those of the whole run are Lightning's own count (`trainer.estimated_stepping_batches`, which
+    `--trainer.max_steps` caps).
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         per_device = trainer.datamodule.hparams.batch_size
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
-        steps_per_epoch = trainer.num_training_batches // trainer.accumulate_grad_batches
+        steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         group = trainer.optimizers[0].param_groups[0]
         lr = (
             f"peak learning rate {group['max_lr']:g} (one-cycle)"
@@ -24,7 +29,7 @@ class GlobalBatchInfo(Callback):
         rank_zero_info(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes"
             f" x {trainer.accumulate_grad_batches} accumulated; {lr};"
-            f" {steps_per_epoch} optimizer steps per epoch."
+            f" {steps_per_epoch} optimizer steps per epoch, {trainer.estimated_stepping_batches} in the run."
         )
         for logger in trainer.loggers:  # loggers write on rank 0 only
             logger.log_metrics(

@@ -37,6 +37,36 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# A short run on the synthetic data (tests/conftest.py): the options each test starts from, by a name of their own.
+SMALL_RUN = {
+    "--model": "SeqNet",
+    "--data.dataset": "mnist",
+    "--data.val_size": 200,  # of the 1200 training images: 1000 left, 10 steps of 50 per epoch on 2 processes
+    "--data.batch_size": 50,
+    "--trainer.max_epochs": 1,
+    "--trainer.accelerator": "cpu",
+    "--trainer.enable_progress_bar": "false",
+    "--devices": None,
+}
+
+
+def small_run(data_dir: Path, root: Path | None, *args: str, **settings) -> list[str]:
+    """The command line of a short run of train.py on the data in `data_dir`, writing under `root`: SMALL_RUN's
+    options, changed by their last name (`devices=2`, `max_epochs=3`, `accelerator=None` to leave one out), then
+    `args`."""
+    options = dict(SMALL_RUN)
+    for name, value in settings.items():
+        (option,) = [option for option in options if option.rsplit(".", 1)[-1].lstrip("-") == name]
+        options[option] = value
+    argv = ["--data.data_dir", str(data_dir)]
+    if root is not None:
+        argv += ["--trainer.default_root_dir", str(root)]
+    for option, value in options.items():
+        if value is not None:
+            argv += [option, str(value)]
+    return [*argv, *args]
+
+
 def run_train(*args: str, timeout: float = 240) -> Run:
     """Run `python train.py ARGS` from the repository root and wait for it, at most `timeout` seconds."""
     return run_command([sys.executable, "train.py", *args], timeout)
@@ -131,14 +161,15 @@ class RecordTrainSamples(Callback):
 
 
 class FailOnRank(Callback):
-    """Test instrument: the process of global rank `rank` raises when training starts."""
+    """Test instrument: the process of global rank `rank` raises when training starts, as a bug would; every
+    process does with `rank` None."""
 
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int | None = 0) -> None:
         self.rank = rank
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.global_rank == self.rank:
-            raise RuntimeError(f"planned failure on rank {self.rank}")
+        if self.rank in (None, trainer.global_rank):
+            raise RuntimeError(f"planned failure on rank {trainer.global_rank}")
 
 
 class StopAfterEpoch(Callback):
@@ -204,14 +235,21 @@ class SigtermAfterStep(Callback):
 
 
 class SigtermWhileOthersWait(Callback):
-    """Test instrument: at the end of the first validation, rank 0 waits until the other ranks are blocked in the
-    next collective (the sync of the epoch's metrics), then sends itself SIGTERM: the signal finds one rank running
-    Python and the others inside a collective, where their handlers cannot run."""
+    """Test instrument: at the end of the first validation, rank 0 waits until every other rank has said (a file)
+    that it goes on to the next collective (the sync of the epoch's metrics), then sends itself SIGTERM: the signal
+    finds one rank running Python and the others inside that collective, where their handlers cannot run."""
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.global_rank == 0 and not trainer.sanity_checking and trainer.current_epoch == 0:
-            time.sleep(2)
-            os.kill(os.getpid(), signal.SIGTERM)
+        if trainer.sanity_checking or trainer.current_epoch != 0:
+            return
+        folder = Path(trainer.default_root_dir)
+        if trainer.global_rank != 0:
+            (folder / f"rank{trainer.global_rank}_goes_to_sync").touch()
+            return
+        others = [folder / f"rank{rank}_goes_to_sync" for rank in range(1, trainer.world_size)]
+        while not all(path.exists() for path in others):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class HangUpAfterStep(Callback):

@@ -6,14 +6,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from app.logger import HPARAMS_METRICS
 from tests.conftest import TRAIN_SIZE
-from tests.helpers import run_train, scalars
+from tests.helpers import SMALL_RUN, run_train, scalars, small_run
 
-VAL_SIZE = 200
+VAL_SIZE = SMALL_RUN["--data.val_size"]
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
 
 
@@ -21,19 +22,8 @@ COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "fals
 def fit_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One `python train.py --devices 2 ...` (fit, then test), shared by the tests of this module."""
     root = tmp_path_factory.mktemp("runs")
-    result = run_train(
-        *COMMON,
-        "--model", "SeqNet",
-        "--data.dataset", "mnist",
-        "--data.data_dir", str(data_dir),
-        "--data.val_size", str(VAL_SIZE),
-        "--data.batch_size", "50",
-        "--devices", "2",
-        "--trainer.max_epochs", "3",
-        "--trainer.log_every_n_steps", "2",
-        "--trainer.default_root_dir", str(root),
-        "--trainer.callbacks+=tests.helpers.RecordTrainSamples",
-    )  # fmt: skip
+    options = ("--trainer.log_every_n_steps", "2", "--trainer.callbacks+=tests.helpers.RecordTrainSamples")
+    result = run_train(*small_run(data_dir, root, *options, devices=2, max_epochs=3))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "terminate called" not in result.stderr  # no rank aborted at exit
     return root, result
@@ -136,3 +126,15 @@ def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, 
     assert accuracies[0] == accuracies[1] == accuracies[2] and accuracies[0][0] < 1
     losses = [f["test/loss"][0] for f in figures]
     assert max(losses) - min(losses) < 1e-6
+
+
+def test_the_steps_printed_are_the_steps_taken_when_accumulation_leaves_a_remainder(data_dir, tmp_path):
+    """10 batches per rank and epoch, accumulated by 3: Lightning steps after batches 3, 6, 9 and on the last one."""
+    options = ("--trainer.accumulate_grad_batches", "3", "--trainer.limit_val_batches", "0")
+    result = run_train(*small_run(data_dir, tmp_path, *options, devices=2, max_epochs=2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Global batch 300 = 50 per device x 2 processes x 3 accumulated" in result.stdout + result.stderr
+    assert "4 optimizer steps per epoch, 8 in the run." in result.stdout + result.stderr
+    last = torch.load(tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 8
+    assert scalars(tmp_path / "SeqNet-mnist" / "version_0")["steps_per_epoch"] == [4.0]

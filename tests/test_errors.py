@@ -5,7 +5,9 @@ with two processes where processes are involved; the many cases of a kind go thr
 which is the same code without the start-up of a new interpreter.
 """
 
+import functools
 import json
+import re
 import signal
 import struct
 import subprocess
@@ -17,20 +19,13 @@ import pytest
 import torch
 
 from app.cli import main
-from app.errors import blame_option
-from tests.helpers import REPO, run_command, run_train, scalars
+from app.errors import PEER_LOST_MESSAGE, blame_option
+from app.report import short_traceback
+from tests.helpers import REPO, run_command, run_train, scalars, small_run
 from tests.synthetic import write_idx
 
-VAL_SIZE = 200  # 1000 training samples: 10 steps per epoch with 2 processes of 50
-
-
-def one_run(data_dir: Path, root: Path, *args: str, devices: str = "2", epochs: str = "1") -> tuple[str, ...]:
-    return (
-        *("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", str(VAL_SIZE)),
-        *("--data.batch_size", "50", "--trainer.max_epochs", epochs, "--trainer.default_root_dir", str(root)),
-        *("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--devices", devices),
-        *args,
-    )
+# Two processes, unless a test says otherwise.
+one_run = functools.partial(small_run, devices=2)
 
 
 def error_line(argv: list[str]) -> str:
@@ -44,11 +39,12 @@ def error_line(argv: list[str]) -> str:
 
 
 def assert_one_error_line(result, *words: str) -> str:
-    """A real run ended with status 1 and one `error:` line from one process, with `words` in it."""
+    """A real run ended with status 1 and one `error:` line from one process, with `words` in it. Where every rank
+    meets the mistake, the first to get there speaks for the job: `error (rank 1): ` from a rank other than 0."""
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    assert len(lines) == 1 and re.match(r"error( \(rank \d+\))?: ", lines[0]), result.stderr[-3000:]
     assert lines == [result.stderr.strip().splitlines()[-1]]
     for word in words:
         assert word in lines[0]
@@ -130,6 +126,7 @@ def test_weights_that_do_not_fit_the_model_are_refused(checkpoint, data_dir, tmp
     argv = ["test", "--ckpt_path", str(other), "--data.data_dir", str(data_dir), "--devices", "1"]
     message = error_line([*argv, "--trainer.default_root_dir", str(tmp_path)])
     assert f"--ckpt_path {other} does not fit models.SeqNet" in message and "size mismatch" in message
+    assert message.endswith("(TRAIN_TRACEBACK=1 shows the error this came from)")  # torch's, rewritten here
 
 
 # 2. Values the parser accepts but torch, Lightning or the model reject later
@@ -166,13 +163,13 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
     ],
 )
 def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, args, named):
-    message = error_line(list(one_run(data_dir, tmp_path, *args, devices="1")))
+    message = error_line(list(one_run(data_dir, tmp_path, *args, devices=1)))
     assert message.startswith(f"error: {named}: ")
     assert f"Give {named.split()[0]} another value" in message
 
 
 def test_a_message_that_names_no_option_stays_the_librarys_own(data_dir, tmp_path):
-    message = error_line(list(one_run(data_dir, tmp_path, "--trainer.max_time", "00:xx:00", devices="1")))
+    message = error_line(list(one_run(data_dir, tmp_path, "--trainer.max_time", "00:xx:00", devices=1)))
     assert message == (
         "error: `Timer(duration='00:xx:00')` is not a valid duration. Expected a string in the format DD:HH:MM:SS."
     )
@@ -201,12 +198,49 @@ def test_a_bug_that_happens_to_show_a_value_the_user_set_is_not_blamed_on_the_op
 
 
 def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_path):
-    args = one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1", devices="1")
+    args = one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1", devices=1)
     result = run_command([sys.executable, "train.py", *args], 120, env={"TRAIN_TRACEBACK": "1"})
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr and "ValueError: Invalid learning rate" in result.stderr
     plain = run_train(*args, timeout=120)
     assert "TRAIN_TRACEBACK=1" in assert_one_error_line(plain, "--model.optimizer.lr -1.0")
+
+
+@pytest.mark.parametrize("rank", ["null", pytest.param("1", marks=pytest.mark.slow)])
+def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank):
+    """A bug on every rank (null) or on rank 1 alone: its traceback once, from the process that failed first, with
+    the frames of Lightning summed up and the frame that raised it shown; no line from the rank that lost its peer."""
+    result = run_train(*one_run(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.FailOnRank", rank_arg(rank)))
+    assert result.returncode == 1, result.stderr[-3000:]
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(error_lines) == 1 and "an unexpected RuntimeError" in error_lines[0], result.stderr[-3000:]
+    assert "TRAIN_TRACEBACK=1" in error_lines[0]
+    traceback_text = result.stderr.split(error_lines[0], 1)[1]
+    assert traceback_text.count("Traceback (most recent call last)") == 1
+    assert "frames in lightning" in traceback_text and 'tests/helpers.py", line' in traceback_text
+    assert len(traceback_text.strip().splitlines()) < 20
+    assert traceback_text.strip().splitlines()[-1].startswith("RuntimeError: planned failure on rank ")
+    assert PEER_LOST_MESSAGE not in result.stderr and "[rank0]" not in result.stderr and "[rank1]" not in result.stderr
+
+
+def rank_arg(rank: str) -> str:
+    return f"--trainer.callbacks.rank={rank}"
+
+
+def test_a_short_traceback_sums_up_library_frames_and_keeps_the_cause():
+    def parse(text: str) -> None:
+        try:
+            json.loads(text)  # raises two frames down, in the standard library's json
+        except json.JSONDecodeError as error:
+            raise ValueError("the settings are not JSON") from error
+
+    text = short_traceback(raise_from(parse, "{"))
+    assert text.count("Traceback (most recent call last)") == 2
+    assert "frames in python" in text and 'json/decoder.py", line' in text  # the frame that raised stays
+    assert "json/__init__.py" not in text
+    assert "direct cause of the following exception" in text
+    assert text.splitlines()[-1] == "ValueError: the settings are not JSON"
+    assert text.index("JSONDecodeError") < text.index("direct cause")
 
 
 @pytest.mark.parametrize(
@@ -218,7 +252,7 @@ def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_pa
     ],
 )
 def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, args, what_lightning_does):
-    main(list(one_run(data_dir, tmp_path, *args, devices="1", epochs="2")))
+    main(list(one_run(data_dir, tmp_path, *args, devices=1, max_epochs=2)))
     (run,) = (tmp_path / "SeqNet-mnist").iterdir()
     logged = scalars(run)
     assert "test/acc" in logged  # the run went through to the test
@@ -344,7 +378,7 @@ def copy_of_the_data(data_dir: Path, folder: Path) -> Path:
 )
 def test_invalid_data_files_end_in_one_line_when_loaded(data_dir, tmp_path, kind, words):
     spoil(copy_of_the_data(data_dir, tmp_path / "data"), kind)
-    message = error_line(list(one_run(tmp_path / "data", tmp_path, devices="1")))
+    message = error_line(list(one_run(tmp_path / "data", tmp_path, devices=1)))
     assert f"The train files in {tmp_path / 'data' / 'MNIST' / 'raw'}" in message and words in message
     assert "Delete them and download or copy them again." in message
 
@@ -367,7 +401,7 @@ def test_a_folder_that_cannot_be_written_ends_in_one_line_before_the_run(checkpo
     in_the_way.write_text("a file where a folder is needed")
     target = in_the_way / "runs"
     subcommand = ["predict", "--ckpt_path", str(checkpoint[0])] if option == "--predictions.path" else []
-    message = error_line([*subcommand, *one_run(data_dir, tmp_path / "ok", option, str(target), devices="1")])
+    message = error_line([*subcommand, *one_run(data_dir, tmp_path / "ok", option, str(target), devices=1)])
     assert f"{option} " in message and "cannot write there" in message and "Choose a folder you can write to" in message
 
 
@@ -394,7 +428,7 @@ def saved_step(root: Path) -> int:
 
 @pytest.mark.slow
 def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--model.one_cycle", "false", "--fault_guard.every_n_steps", "4", epochs="3")
+    argv = one_run(data_dir, tmp_path, "--model.one_cycle", "false", "--fault_guard.every_n_steps", "4", max_epochs=3)
     result = run_train(*argv, "--trainer.callbacks+=tests.helpers.DivergeInEpoch", "--trainer.callbacks.epoch", "1")
     line = assert_one_error_line(result, "the training loss became NaN or infinite by step", "(epoch 1)")
     assert (
@@ -411,7 +445,7 @@ def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_c
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_continue(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", epochs="3")
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", max_epochs=3)
     ctrl_c = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.step", "13")
     result = run_train(*argv, *ctrl_c, timeout=120)
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
@@ -426,7 +460,7 @@ def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_con
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", epochs="50")
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", max_epochs=50)
     presses = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.presses", "2")
     result = run_train(*argv, *presses, "--trainer.callbacks.step", "3", timeout=120)
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
@@ -441,7 +475,7 @@ def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
 
 
 def test_checkpoints_reach_the_disk_before_and_after_their_rename(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.RecordDurableWrites", devices="1")
+    argv = one_run(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.RecordDurableWrites", devices=1)
     result = run_train("fit", *argv, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     events = json.loads((tmp_path / "durable_writes.json").read_text())

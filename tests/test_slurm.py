@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, free_port, scalars
+from tests.helpers import REPO, free_port, scalars, small_run
 
 pytestmark = pytest.mark.slow
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
@@ -50,11 +50,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_checkpoint(data_dir, tmp_path, slurm):
     env = {**slurm, "PYTHON": sys.executable, "RUNS": str(tmp_path)}
-    train_args = (
-        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200"),
-        *("--data.batch_size", "50", "--trainer.max_epochs", "12", "--trainer.accelerator", "cpu"),
-        *("--trainer.enable_progress_bar", "false"),
-    )
+    train_args = small_run(data_dir, None, max_epochs=12)  # scripts/train.sbatch writes under $RUNS
     job_id = slurm_command(
         env, "sbatch", "--parsable", "--nodes", "1", "--ntasks-per-node", "2", "--chdir", str(REPO),
         "--output", str(tmp_path / "job.out"), "scripts/train.sbatch", *train_args,
@@ -93,12 +89,8 @@ def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_chec
 
 def test_a_frozen_task_is_named_and_the_job_ends(data_dir, tmp_path, slurm):
     env = {**slurm, "PYTHON": sys.executable, "RUNS": str(tmp_path)}
-    train_args = (
-        *("--model", "SeqNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200"),
-        *("--data.batch_size", "50", "--trainer.max_epochs", "100", "--trainer.accelerator", "cpu"),
-        *("--trainer.enable_progress_bar", "false", "--fault_guard.stall_timeout", "5"),
-        "--trainer.callbacks+=tests.helpers.RecordPid",
-    )
+    options = ("--fault_guard.stall_timeout", "5", "--trainer.callbacks+=tests.helpers.RecordPid")
+    train_args = small_run(data_dir, None, *options, max_epochs=100)
     job_id = slurm_command(
         env, "sbatch", "--parsable", "--nodes", "1", "--ntasks-per-node", "2", "--chdir", str(REPO),
         "--output", str(tmp_path / "job.out"), "scripts/train.sbatch", *train_args,

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import run_command
+from tests.helpers import run_command, small_run
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -27,12 +27,9 @@ def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_
     Lightning itself reads a flag back before every step under DDP (whether rank 0 got SIGTERM); train.py's ranks
     compare theirs every `--fault_guard.every_n_steps` (50) steps and at the epoch's end: once in either run here.
     """
-    argv = [
-        *("--model", "ConvNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),
-        *("--data.val_size", "200", "--data.batch_size", "10", "--trainer.limit_val_batches", "0"),
-        *("--trainer.log_every_n_steps", "1000", "--trainer.accelerator", "cpu", "--devices", "2"),
-        *("--trainer.default_root_dir", str(tmp_path)),
-    ]  # one epoch is 50 steps on each of the 2 ranks: both runs stay in the first epoch
+    quiet = ("--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1000")
+    argv = small_run(data_dir, tmp_path, *quiet, model="ConvNet", batch_size=10, devices=2)
+    # one epoch is 50 steps on each of the 2 ranks: both runs stay in the first epoch
     short = host_reads_of_a_fit(tmp_path / "short", [*argv, "--trainer.max_steps", "10"])
     long = host_reads_of_a_fit(tmp_path / "long", [*argv, "--trainer.max_steps", "40"])
     assert list(long) == ["rank0", "rank1"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.logger import HPARAMS_METRICS
-from tests.helpers import free_port, run_train
+from tests.helpers import free_port, run_train, small_run
 
 RUN = "ConvNet-mnist/version_0"
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
@@ -19,12 +19,8 @@ STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNIN
 @pytest.fixture(scope="module")
 def log_root(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
-    result = run_train(
-        *("--model", "ConvNet", "--data.dataset", "mnist", "--data.data_dir", str(data_dir)),
-        *("--data.val_size", "200", "--data.batch_size", "50", "--trainer.max_epochs", "2"),
-        *("--devices", "2", "--trainer.accelerator", "cpu", "--trainer.log_every_n_steps", "2"),
-        *("--dashboard.log_graph", "true", "--trainer.default_root_dir", str(root)),
-    )
+    options = ("--trainer.log_every_n_steps", "2", "--dashboard.log_graph", "true")
+    result = run_train(*small_run(data_dir, root, *options, model="ConvNet", max_epochs=2, devices=2))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"tensorboard --logdir {root}" in result.stderr + result.stdout
     return root

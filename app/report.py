@@ -1,0 +1,125 @@
+"""How a failing process tells the user: from one process of the job, a mistake in one line, a bug in a traceback
+short enough to read.
+
+Under DDP every rank usually meets the same error at the same moment. The first process of the job to fail speaks
+for it; the others wait until it has spoken (an event in the job's TCP store, not a pause) and end quietly, so the
+user reads one message, and a rank that failed alone is heard. `TRAIN_TRACEBACK=1` turns all of this off: every
+error of every process keeps its whole traceback.
+"""
+
+import os
+import sys
+import sysconfig
+import traceback
+from contextlib import suppress
+from datetime import timedelta
+from pathlib import Path
+from typing import NoReturn
+
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_only
+
+from app.peers import store_client, under_torchrun
+
+TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
+TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+SPOKEN_WAIT_S = 10  # how long the others wait for the first to have printed, should it be killed while it does
+# Where installed libraries and Python's own modules live: their frames are summed up in a short traceback.
+SITE_FOLDERS = {Path(sysconfig.get_paths()[name]) for name in ("purelib", "platlib")}
+PYTHON_FOLDERS = {Path(sysconfig.get_paths()[name]) for name in ("stdlib", "platstdlib")}
+CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+def exit_with_error(message: str) -> NoReturn:
+    """Print `error: MESSAGE` from one process of the job (`error (rank N): ...` from another rank than 0), exit 1."""
+    rank = rank_zero_only.rank
+    exit_reporting(f"error: {message}" if rank == 0 else f"error (rank {rank}): {message}")
+
+
+def exit_with_bug(error: BaseException) -> NoReturn:
+    """Print a short traceback of an error this program did not expect, from one process of the job, and exit 1."""
+    rank = rank_zero_only.rank
+    where = "" if rank == 0 else f" (rank {rank})"
+    exit_reporting(
+        f"error{where}: an unexpected {type(error).__name__}, a bug in the code rather than a mistake in the command;"
+        f" library frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all, from every process).\n"
+        f"{short_traceback(error)}"
+    )
+
+
+def exit_reporting(text: str) -> NoReturn:
+    """Print `text` to standard error, unless another process of the job failed first and said why; exit 1."""
+    store = _job_store()
+    if store is None:  # one process, or processes that have not met yet: each speaks for itself
+        sys.exit(text)
+    try:
+        first = store.add("failed", 1) == 1
+    except Exception:  # noqa: BLE001 (the store went with the process that held it: speak)
+        first = True
+    if first:
+        print(text, file=sys.stderr, flush=True)
+        with suppress(Exception):
+            store.set("spoken", "")
+    else:
+        try:
+            store.wait(["spoken"], timedelta(seconds=SPOKEN_WAIT_S))
+        except Exception:  # noqa: BLE001 (the first was killed before it spoke, or took its store with it)
+            print(text, file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def _job_store() -> dist.Store | None:
+    """The job's TCP store, where its processes meet (None before they have, or in a job of one process), under a
+    prefix of this attempt's: each restart of a torchrun job speaks once more."""
+    met = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not (met or under_torchrun()) or "MASTER_ADDR" not in os.environ:
+        return None
+    try:
+        client = store_client(timeout_s=2)
+    except Exception:  # noqa: BLE001 (the store has gone already)
+        return None
+    return dist.PrefixStore(f"report/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
+
+
+def short_traceback(error: BaseException) -> str:
+    """Python's traceback of `error` and its causes, where each run of frames in Python or an installed library
+    (Lightning's loops, torch's modules) becomes one line naming them; the frame that raised always stays."""
+    chain, links = [traceback.TracebackException.from_exception(error)], []
+    while chain[-1].__cause__ or (chain[-1].__context__ and not chain[-1].__suppress_context__):
+        cause = chain[-1].__cause__
+        links.append(CAUSE if cause else CONTEXT)
+        chain.append(cause or chain[-1].__context__)
+    parts = []
+    for exception, link in zip(reversed(chain), [*reversed(links), ""], strict=True):
+        parts.append("Traceback (most recent call last):\n")
+        parts += _short_stack(exception.stack)
+        parts += exception.format_exception_only()
+        parts.append(link)
+    return "".join(parts).rstrip("\n")
+
+
+def _short_stack(stack: traceback.StackSummary) -> list[str]:
+    lines, hidden = [], []
+    for index, frame in enumerate(stack):
+        library = _library_of(frame.filename)
+        if library and index < len(stack) - 1:
+            hidden.append(library)
+            continue
+        if hidden:
+            frames = "1 frame" if len(hidden) == 1 else f"{len(hidden)} frames"
+            lines.append(f"  ... {frames} in {', '.join(dict.fromkeys(hidden))}\n")
+            hidden = []
+        lines += traceback.StackSummary.from_list([frame]).format()
+    return lines
+
+
+def _library_of(filename: str) -> str | None:
+    """`lightning` for a file of Lightning's, `python` for the standard library's; None for other code."""
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return "python"
+    path = Path(filename)
+    for folder in SITE_FOLDERS:  # first: site-packages may lie inside the standard library's folder
+        if path.is_relative_to(folder):
+            return path.relative_to(folder).parts[0].removesuffix(".py")
+    return "python" if any(path.is_relative_to(folder) for folder in PYTHON_FOLDERS) else None
