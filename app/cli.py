@@ -56,7 +56,13 @@ def export_model(argv: list[str]) -> None:
     try:
         output = export(parse_export_arguments(argv))
     except (ExportError, *USER_ERRORS) as error:
+        if TRACEBACK_WANTED:
+            raise
         exit_with_error(describe(error))
+    except Exception as error:
+        if TRACEBACK_WANTED:
+            raise
+        exit_with_bug(error)
     print(f"Exported: {output}")
 
 
