@@ -54,21 +54,24 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
         return
     stop = threading.Event()
     arguments = (stop, world_size, num_nodes, node_rank, local_rank == 0)
-    threading.Thread(target=_announce, args=arguments, name="rendezvous-notice", daemon=True).start()
+    notice = threading.Thread(target=_announce, args=arguments, name="rendezvous-notice", daemon=True)
+    notice.start()
     try:
         yield
     finally:
         stop.set()
+        notice.join(timeout=5)  # a run shorter than its one-second look still says that the processes met
 
 
 def _announce(stop: threading.Event, world_size: int, num_nodes: int, node_rank: int, speaks: bool) -> None:
     started = time.monotonic()
     next_notice = started + FIRST_NOTICE_S
     counted = spoke = False
-    while not stop.wait(1.0):
+    while True:
+        stopping = stop.wait(1.0)
         waited = round(time.monotonic() - started)
-        if dist.is_initialized():
-            if spoke:
+        if dist.is_initialized() or stopping:
+            if spoke and dist.is_initialized():
                 print(f"All {world_size} processes of the job have met, after {waited} s.", flush=True)
             return
         if not counted:

@@ -278,8 +278,8 @@ def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_d
         for node in nodes:
             node.kill()
     assert late.returncode == 0 and nodes[0].returncode == 0, first_output[-3000:] + late.stderr[-3000:]
-    assert "All 2 processes of the job have met" in first_output
-    assert "Finished: test/acc" in first_output
+    assert "All 2 processes of the job have met" in first_output, first_output[-3000:]
+    assert "Finished: test/acc" in first_output, first_output[-3000:]
 
 
 # 4. The disk fills up
