@@ -32,10 +32,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
         TrainCLI(args, test_after_fit)
-    except (*USER_ERRORS, *RENDEZVOUS_ERRORS) as error:
-        if TRACEBACK_WANTED:
-            raise
-        exit_with_error(describe(error, args))
     except SIGTERMException as stop:  # every rank stopped at the same step (app/fault_guard.py: FaultGuard)
         # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
         sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
@@ -44,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as error:
         if TRACEBACK_WANTED:
             raise
+        if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS)):
+            exit_with_error(describe(error, args))
         if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
             exit_with_error(PEER_LOST_MESSAGE)
         exit_with_bug(error)
@@ -55,13 +53,11 @@ def export_model(argv: list[str]) -> None:
     """`train.py export ...` (app/export.py), with its mistakes in one line."""
     try:
         output = export(parse_export_arguments(argv))
-    except (ExportError, *USER_ERRORS) as error:
-        if TRACEBACK_WANTED:
-            raise
-        exit_with_error(describe(error))
     except Exception as error:
         if TRACEBACK_WANTED:
             raise
+        if isinstance(error, (ExportError, *USER_ERRORS)):
+            exit_with_error(describe(error))
         exit_with_bug(error)
     print(f"Exported: {output}")
 

@@ -33,19 +33,21 @@ CONTEXT = "\nDuring handling of the above exception, another exception occurred:
 
 def exit_with_error(message: str) -> NoReturn:
     """Print `error: MESSAGE` from one process of the job (`error (rank N): ...` from another rank than 0), exit 1."""
-    rank = rank_zero_only.rank
-    exit_reporting(f"error: {message}" if rank == 0 else f"error (rank {rank}): {message}")
+    exit_reporting(f"{_error_label()}: {message}")
 
 
 def exit_with_bug(error: BaseException) -> NoReturn:
     """Print a short traceback of an error this program did not expect, from one process of the job, and exit 1."""
-    rank = rank_zero_only.rank
-    where = "" if rank == 0 else f" (rank {rank})"
     exit_reporting(
-        f"error{where}: an unexpected {type(error).__name__}, a bug in the code rather than a mistake in the command;"
-        f" library frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all, from every process).\n"
+        f"{_error_label()}: an unexpected {type(error).__name__}, a bug in the code rather than a mistake in the"
+        f" command; library frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all, from every process).\n"
         f"{short_traceback(error)}"
     )
+
+
+def _error_label() -> str:
+    rank = rank_zero_only.rank
+    return "error" if rank == 0 else f"error (rank {rank})"
 
 
 def exit_reporting(text: str) -> NoReturn:

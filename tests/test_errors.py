@@ -210,7 +210,8 @@ def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_pa
 def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank):
     """A bug on every rank (null) or on rank 1 alone: its traceback once, from the process that failed first, with
     the frames of Lightning summed up and the frame that raised it shown; no line from the rank that lost its peer."""
-    result = run_train(*one_run(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.FailOnRank", rank_arg(rank)))
+    failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", f"--trainer.callbacks.rank={rank}")
+    result = run_train(*one_run(data_dir, tmp_path, *failing))
     assert result.returncode == 1, result.stderr[-3000:]
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(error_lines) == 1 and "an unexpected RuntimeError" in error_lines[0], result.stderr[-3000:]
@@ -221,10 +222,6 @@ def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank)
     assert len(traceback_text.strip().splitlines()) < 20
     assert traceback_text.strip().splitlines()[-1].startswith("RuntimeError: planned failure on rank ")
     assert PEER_LOST_MESSAGE not in result.stderr and "[rank0]" not in result.stderr and "[rank1]" not in result.stderr
-
-
-def rank_arg(rank: str) -> str:
-    return f"--trainer.callbacks.rank={rank}"
 
 
 def test_a_short_traceback_sums_up_library_frames_and_keeps_the_cause():
