@@ -7,11 +7,19 @@ import gc
 # 2 cores, in every process) and once more at exit (another second). Off while importing, then frozen: never scanned.
 gc.disable()
 
+import signal  # noqa: E402
+import sys  # noqa: E402
+
 from app.launch import die_with_parent  # noqa: E402
+from app.local_processes import start_local_processes  # noqa: E402
 
 die_with_parent()  # before the slow imports below, while the launcher that started this process surely lives
+start_local_processes(sys.argv[1:])  # --devices N: the other processes import what follows at the same time
 
-from app.cli import main  # noqa: E402
+try:
+    from app.cli import main
+except KeyboardInterrupt:  # Ctrl-C while importing: stopped, as after it, with no traceback from every process
+    sys.exit(128 + signal.SIGINT)
 
 gc.freeze()
 gc.enable()

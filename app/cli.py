@@ -13,6 +13,7 @@ from app.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERR
 from app.export import ExportError, export
 from app.export import parse as parse_export_arguments
 from app.launch import choose_socket_interface
+from app.local_processes import MET
 from app.quiet import silence_noise
 from app.report import TRACEBACK_WANTED, exit_with_bug, exit_with_error
 from app.train_cli import TrainCLI
@@ -70,4 +71,5 @@ def close_process_group() -> None:
     without an active exception") after a run that finished well, and its exit status says it failed.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        MET.set()  # a process this one started that ends now is not one that failed before the meeting
         torch.distributed.destroy_process_group()

@@ -1,8 +1,8 @@
 """train.py's command line before LightningCLI sees it: the `--devices`/`--num_nodes` shortcuts, and `fit` put in
-front when no subcommand is named (the program then fits and tests)."""
+front when no subcommand is named (the program then fits and tests). Standard library only: train.py reads its
+command line before it imports torch (`app/local_processes.py`)."""
 
-from lightning.pytorch.cli import LightningCLI
-
+SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI.subcommands(), without importing Lightning
 SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
 
 
@@ -33,5 +33,5 @@ def subcommand_of(args: list[str]) -> str | None:
         if token in ("-c", "--config"):
             next(tokens, None)
         elif not token.startswith(("--config=", "--print_config")):
-            return token if token in LightningCLI.subcommands() else None
+            return token if token in SUBCOMMANDS else None
     return None

@@ -19,6 +19,7 @@ from typing import NoReturn
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
+from app.local_processes import hand_over, take_the_word
 from app.peers import store_client, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
@@ -53,7 +54,10 @@ def _error_label() -> str:
 def exit_reporting(text: str) -> NoReturn:
     """Print `text` to standard error, unless another process of the job failed first and said why; exit 1."""
     store = _job_store()
-    if store is None:  # one process, or processes that have not met yet: each speaks for itself
+    if store is None:  # one process, or processes that have not met yet: the launching process speaks for its node
+        if hand_over(text):
+            sys.exit(1)
+        take_the_word()
         sys.exit(text)
     try:
         first = store.add("failed", 1) == 1

@@ -12,6 +12,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.checkpoint_io import AtomicCheckpointIO
@@ -30,6 +31,7 @@ from app.dashboard import Dashboard
 from app.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
 from app.fault_guard import FaultGuard
 from app.global_batch import GlobalBatchInfo
+from app.local_processes import CHECKED, STARTED, wait_for_the_meeting_place
 from app.logger import LogConfigCallback, TensorBoardLogger
 from app.peers import announce_rendezvous
 from app.predictions import PredictionWriter
@@ -168,6 +170,7 @@ class TrainCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         trainer = self.trainer
         meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
+        wait_for_the_meeting_place()
         with self._errors_named_by_option(), meeting:
             super()._run_subcommand(subcommand)
 
@@ -221,6 +224,8 @@ class TrainCLI(LightningCLI):
                 version = latest_version(root / run_name) if resuming else None
                 kwargs["logger"] = TensorBoardLogger(save_dir=root, name=run_name, version=version)
         trainer = super().instantiate_trainer(**kwargs)
+        if isinstance(trainer.strategy.launcher, _SubprocessScriptLauncher):  # they get SIGTERM and SIGHUP from it
+            trainer.strategy.launcher.procs = STARTED  # the processes train.py started (app/local_processes.py)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         if resuming:
@@ -269,6 +274,7 @@ class TrainCLI(LightningCLI):
             for option, folder in self._output_folders().items():
                 check_writable(option, folder)
         check_data(self.trainer, self.datamodule, stages)
+        CHECKED.set()  # from here, a mistake met by a process train.py started early is that process's own
 
     def before_fit(self) -> None:
         check_sync_batchnorm(self.trainer, self._get(self.config, "trainer.sync_batchnorm"))

@@ -25,10 +25,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from startup_stamps import set_rank, stamp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision import datasets, transforms
+
+stamp("imported")  # for startup.py; in the processes that mp.spawn starts too, which import this module again
 
 
 class SeqNet(nn.Module):
@@ -62,7 +65,11 @@ def convnet() -> nn.Module:
 def train(rank: int, args: argparse.Namespace) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(args.port)
+    set_rank(rank)
+    stamp("built")  # nothing to build before the meeting: the program builds after it
+    stamp("meeting")
     dist.init_process_group("gloo", rank=rank, world_size=args.processes)
+    stamp("met")
 
     dataset_class = datasets.MNIST if args.dataset == "mnist" else datasets.FashionMNIST
     train_set = dataset_class(args.data_dir, train=True, download=True, transform=transforms.ToTensor())
@@ -77,6 +84,7 @@ def train(rank: int, args: argparse.Namespace) -> None:
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
             optimizer.step()
+            stamp("first step")
         if rank == 0:
             print(f"epoch {epoch}: loss {loss.item():.4f}", flush=True)
 

@@ -172,6 +172,20 @@ class FailOnRank(Callback):
             raise RuntimeError(f"planned failure on rank {trainer.global_rank}")
 
 
+class FailToBuildOnLocalRank(Callback):
+    """Test instrument: the process of local rank `local_rank` alone fails while the command line is turned into
+    objects, before the processes meet: with a one-line mistake, or killed by SIGKILL without a word (`kill`)."""
+
+    def __init__(self, local_rank: int = 1, kill: bool = False) -> None:
+        if os.environ.get("LOCAL_RANK", "0") != str(local_rank):
+            return
+        if kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        from app.errors import UserError
+
+        raise UserError(f"planned mistake in local rank {local_rank} alone")
+
+
 class StopAfterEpoch(Callback):
     """Test instrument: stops training after epoch `epoch`, as an interrupted run would have."""
 

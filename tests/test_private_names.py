@@ -59,3 +59,19 @@ def test_the_logger_finds_lightnings_hyperparameter_helpers():
     assert _flatten_dict(_convert_params({"a": {"b": 1}})) == {"a/b": 1}, "lightning.fabric.utilities.logger"
     assert callable(TensorBoardLogger._sanitize_params), "TensorBoardLogger._sanitize_params"
     assert parameters(SummaryWriter._get_file_writer) == ["self"], "SummaryWriter._get_file_writer"
+
+
+def test_the_processes_train_py_starts_are_the_ones_lightnings_launcher_would():
+    # app/local_processes.py starts them with the environment and command line of Lightning's launcher, and
+    # app/train_cli.py gives them to that launcher (`procs`), which passes SIGTERM and SIGHUP on to them.
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    from app.command_line import SUBCOMMANDS
+
+    assert tuple(LightningCLI.subcommands()) == SUBCOMMANDS, "LightningCLI.subcommands"
+    launcher = _SubprocessScriptLauncher(cluster_environment=None, num_processes=2, num_nodes=1)
+    assert launcher.procs == [], "_SubprocessScriptLauncher.procs"
+    source = inspect.getsource(_SubprocessScriptLauncher)
+    for name in ("MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "for proc in self.procs"):
+        assert name in source, f"_SubprocessScriptLauncher no longer uses {name}"
+    assert "creates_processes_externally" in inspect.getsource(_SubprocessScriptLauncher.launch)

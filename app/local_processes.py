@@ -1,0 +1,226 @@
+"""This node's other processes, started first thing: they import torch and Lightning while this one does, as under
+torchrun, instead of after it.
+
+Lightning's launcher (the `ddp` strategy's) starts them from `trainer.fit`, once this process has imported
+everything, parsed the command line and built model, data and Trainer; each of them then does all of that again
+while this one waits: 2.4 s of the 4.9 s to the first training step with 2 processes on the 2-core development VM
+(`benchmarks/startup.py`). train.py starts them before its imports instead, with the environment that Lightning's
+launcher gives them (MASTER_PORT, NODE_RANK, LOCAL_RANK, WORLD_SIZE; MASTER_ADDR stays 127.0.0.1 unless set).
+Lightning then sees processes created outside it, as under torchrun, and starts none; the Trainer and its `ddp`
+strategy set up the process group, the samplers and the gradient all-reduce as before.
+
+Only where the number of processes is plain from the command line (`--devices N` or `trainer.devices` in a config
+file, with the `ddp` strategy) and no other launcher or cluster manager started this process: `--devices auto` on
+a GPU machine is as many processes as torch sees GPUs, which only torch can say. Otherwise Lightning's launcher
+starts them, as before. Linux only, where each process dies with this one (`app/launch.py: die_with_parent`).
+
+One line per mistake: until the processes meet, every process meets the same mistakes in the command line at the
+same moment. One started here that fails hands its message to this process and ends without a word; this one
+prints it only once its own checks have passed (`CHECKED`), so that a mistake all of them make is said once, by
+this process. After the meeting, the job's TCP store decides who speaks (`app/report.py`).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from app.command_line import parse_command, subcommand_of
+
+# Set by another launcher or a cluster manager, whose processes Lightning takes as they are.
+LAUNCHER_VARIABLES = (
+    *("LOCAL_RANK", "RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "LSB_JOBID", "JSM_NAMESPACE_SIZE"),
+    *("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"),
+)
+DDP_NAMES = (
+    *("ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true", "DDPStrategy"),
+    *("lightning.pytorch.strategies.DDPStrategy", "lightning.pytorch.strategies.ddp.DDPStrategy"),
+)
+ACCELERATORS = ("none", "auto", "cpu", "gpu", "cuda")
+REPORT_FD = "TRAIN_REPORT_FD"  # in a process started here: where it hands its message over before the meeting
+
+CHECKED = threading.Event()  # set once this process's checks before the launch have passed (app/train_cli.py)
+MET = threading.Event()  # set once the processes have met, before the process group is closed (app/cli.py)
+SPEAKING = threading.Lock()  # held by whichever thread of this process prints the job's error
+STARTED: list[subprocess.Popen] = []
+
+
+def start_local_processes(argv: list[str]) -> None:
+    """Start the other processes of this node, if train.py can tell how many there are (the module says when)."""
+    count = processes_asked_for(argv)
+    num_nodes = _number(_trainer_settings(argv) or {}, "num_nodes", 1)
+    if count < 2 or num_nodes is None:
+        return
+    os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    os.environ["NODE_RANK"] = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0"))
+    os.environ["WORLD_SIZE"] = str(count * num_nodes)
+    os.environ["LOCAL_RANK"] = "0"
+    for local_rank in range(1, count):
+        read_end, write_end = os.pipe()
+        env = {**os.environ, "LOCAL_RANK": str(local_rank), REPORT_FD: str(write_end)}
+        process = subprocess.Popen(_own_command(), env=env, pass_fds=(write_end,))
+        os.close(write_end)
+        STARTED.append(process)
+        threading.Thread(target=_watch, args=(local_rank, process, read_end), daemon=True).start()
+
+
+def processes_asked_for(argv: list[str]) -> int:
+    """How many processes this node runs, when train.py may start them itself; 1 otherwise."""
+    if sys.platform != "linux" or any(name in os.environ for name in LAUNCHER_VARIABLES):
+        return 1
+    settings = _trainer_settings(argv)
+    accelerator = settings.get("accelerator") if settings else None
+    if settings is None or str(accelerator).lower() not in ACCELERATORS or settings.get("plugins") is not None:
+        return 1
+    strategy = settings.get("strategy", "ddp")
+    if isinstance(strategy, dict):  # class_path and init_args
+        start_method = (strategy.get("init_args") or {}).get("start_method", "popen")
+        strategy = strategy.get("class_path") if start_method == "popen" else None
+    if strategy not in DDP_NAMES:
+        return 1
+    return _number(settings, "devices", 1) or 1
+
+
+def _trainer_settings(argv: list[str]) -> dict | None:
+    """The Trainer's settings that decide the processes (devices, num_nodes, accelerator, strategy, plugins), as the
+    command line and its config files give them, later ones winning; None for a command that trains no model
+    (`--help`, `export`) or one these cannot be read from without LightningCLI."""
+    if argv[:1] == ["export"]:
+        return None
+    args, _ = parse_command(argv)
+    subcommand = subcommand_of(args)
+    if subcommand is None or any(
+        arg in ("-h", "--help") or arg.startswith("--print_config") or arg.endswith(".help") for arg in args
+    ):
+        return None
+    settings: dict = {}
+    position = 0
+    while position < len(args):
+        name, has_value, value = args[position].partition("=")
+        if not has_value and name.startswith("-") and position + 1 < len(args):
+            value = args[position + 1]  # the option's value, if the option takes one
+        if name in ("-c", "--config"):
+            config = _read_config(value)
+            if config is None:
+                return None
+            section = config.get(subcommand) if position < args.index(subcommand) else config  # root: per subcommand
+            settings.update(((section or {}).get("trainer")) or {})
+        elif name == "--trainer" or "start_method" in name:
+            return None
+        elif name.startswith("--trainer."):
+            key, _, sub_key = name.removeprefix("--trainer.").partition(".")
+            if key in ("devices", "num_nodes", "accelerator", "strategy", "plugins") and sub_key in ("", "class_path"):
+                settings[key] = value  # strategy.timeout and the like: the strategy's own arguments
+        position += 1 if has_value or not name.startswith("-") else 2
+    return settings
+
+
+def _read_config(path: str) -> dict | None:
+    try:
+        import yaml  # here: only a command line with a config file needs it
+
+        config = yaml.safe_load(Path(path).read_text())
+    except Exception:  # noqa: BLE001 (LightningCLI says what is wrong with it)
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _number(settings: dict, key: str, default: int) -> int | None:
+    """A count the way jsonargparse reads it, or None: `auto`, -1 and lists of devices are for torch to count."""
+    value = settings.get(key, default)
+    text = str(value).strip()
+    return int(text) if not isinstance(value, bool) and text.isascii() and text.isdigit() else None
+
+
+def _free_port() -> int:
+    """As Lightning's launcher chooses MASTER_PORT (`find_free_network_port`)."""
+    if "STANDALONE_PORT" in os.environ:
+        return int(os.environ["STANDALONE_PORT"])
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _own_command() -> list[str]:
+    """This program's command line, as Lightning's launcher repeats it (`_basic_subprocess_cmd`)."""
+    import __main__
+
+    if __main__.__spec__ is None:
+        return [sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+    return [sys.executable, "-m", __main__.__spec__.name, *sys.argv[1:]]
+
+
+def _watch(local_rank: int, process: subprocess.Popen, report: int) -> None:
+    """Wait for one process started here; if it fails before the processes meet, say why once and end this one,
+    which would otherwise wait for it until the process-group timeout."""
+    status = process.wait()
+    if status == 0 or _met():
+        return
+    os.set_blocking(report, False)
+    message = b""
+    try:
+        while chunk := os.read(report, 65536):
+            message += chunk
+    except BlockingIOError:
+        pass
+    CHECKED.wait()  # a mistake this process makes too is said by this process, at its own pace
+    SPEAKING.acquire()  # never released: the process ends
+    text = message.decode(errors="replace") or (
+        f"error: the process of local rank {local_rank} (pid {process.pid}) ended with exit status"
+        f" {_status(status)} before the processes of the job met."
+    )
+    print(text, file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _met() -> bool:
+    distributed = sys.modules.get("torch.distributed")
+    return MET.is_set() or (distributed is not None and distributed.is_available() and distributed.is_initialized())
+
+
+def _status(status: int) -> str:
+    return f"{status} (killed by signal {-status})" if status < 0 else str(status)
+
+
+def wait_for_the_meeting_place() -> None:
+    """In a process started here: wait until the process that started it listens at MASTER_PORT, where the job's
+    TCP store will be (torch.distributed starts it in that process's `init_process_group`).
+
+    A store client that comes before the store retries after a back-off (0.2-0.5 s seen here), which the whole job
+    then waits for; the processes started here usually come first, since they skip the launch. No-op elsewhere.
+    """
+    if REPORT_FD not in os.environ:
+        return
+    address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]))
+    while True:
+        try:
+            socket.create_connection(address, timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def take_the_word() -> None:
+    """Before this process prints the error that ends it, with others started here: wait if a thread watching them
+    prints one already (`_watch` then ends the process), else end them first, so that what they print as they
+    start does not follow the error line, and no thread prints another."""
+    if STARTED:
+        SPEAKING.acquire()  # never released: the process is ending
+        for process in STARTED:
+            process.kill()
+            process.wait()
+
+
+def hand_over(text: str) -> bool:
+    """In a process started here, before the processes met: give the message to the process that started this one,
+    which says it unless it fails the same way itself (the module says why). False elsewhere."""
+    if REPORT_FD not in os.environ or _met():
+        return False
+    data = (text + "\n").encode()
+    descriptor = int(os.environ[REPORT_FD])
+    while data:
+        data = data[os.write(descriptor, data) :]
+    return True
