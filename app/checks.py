@@ -1,7 +1,7 @@
-"""Checks before the launch: what can be found wrong is found by one process, before the others start.
+"""Checks before the processes meet: what can be found wrong is found and said by one process of each node.
 
-Lightning finds most of these too, but only after the launch: with a traceback from every process, or, for a
-folder it cannot write, after the time spent training.
+Lightning finds most of these too, but only after the processes have met: with a traceback from every process, or,
+for a folder it cannot write, after the time spent training.
 """
 
 import tempfile
@@ -89,11 +89,12 @@ def check_writable(option: str, folder: str | Path) -> None:
 
 
 def check_data(trainer: Trainer, datamodule: LightningDataModule, stages: tuple[str, ...]) -> None:
-    """Download and decode the data now, before Lightning's launcher starts the other processes.
+    """Download and decode the data now, before the processes meet.
 
     A missing or corrupt file then stops the program with one message from one process. Only local rank 0
-    does this (the launching process, or with torchrun/SLURM the first process of each node), as Lightning
-    does with `prepare_data`; the other processes load the data in `setup`, after Lightning's barrier.
+    does this (the process the user started, or with torchrun/SLURM the first process of each node), as Lightning
+    does with `prepare_data`; the other processes wait at the meeting and load the data in `setup`, after
+    Lightning's barrier.
     """
     if trainer.local_rank != 0:
         return

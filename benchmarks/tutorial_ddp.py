@@ -13,7 +13,8 @@ FashionMNIST); `--model convnet` swaps in the network of `models/convnet.py`, wr
 ConvNet rows compare the two programs on the same network; `--epochs` and `--batch-size` are arguments. Rank 0
 evaluates with the network inside the DDP wrapper (`model.module`), where the tutorial calls the wrapper: for the
 MLP that is the same, but with ConvNet's BatchNorm buffers the wrapper's forward broadcasts them from rank 0, a
-collective that the other ranks, finished, never join (the run died with "Connection reset by peer").
+collective that the other ranks, finished, never join (the run died with "Connection reset by peer"). It stamps
+the moments of its start-up for `startup.py` (`startup_stamps.py`; nothing without `STARTUP_STAMPS` set).
 
     python benchmarks/tutorial_ddp.py --data-dir ../shared/datasets --dataset mnist --processes 2 --epochs 10
 """
