@@ -41,6 +41,7 @@ DDP_NAMES = (
 )
 ACCELERATORS = ("none", "auto", "cpu", "gpu", "cuda")
 REPORT_FD = "TRAIN_REPORT_FD"  # in a process started here: where it hands its message over before the meeting
+PIPE_ROOM = 60_000  # bytes of a message handed over; Linux pipes hold 64 KiB
 
 CHECKED = threading.Event()  # set once this process's checks before the launch have passed (app/train_cli.py)
 MET = threading.Event()  # set once the processes have met, before the process group is closed (app/cli.py)
@@ -168,7 +169,8 @@ def _watch(local_rank: int, process: subprocess.Popen, report: int) -> None:
         pass
     CHECKED.wait()  # a mistake this process makes too is said by this process, at its own pace
     SPEAKING.acquire()  # never released: the process ends
-    text = message.decode(errors="replace") or (
+    _end_started()  # first: nothing they print as they start comes after the error line
+    text = message.decode(errors="replace").rstrip("\n") or (
         f"error: the process of local rank {local_rank} (pid {process.pid}) ended with exit status"
         f" {_status(status)} before the processes of the job met."
     )
@@ -209,9 +211,13 @@ def take_the_word() -> None:
     start does not follow the error line, and no thread prints another."""
     if STARTED:
         SPEAKING.acquire()  # never released: the process is ending
-        for process in STARTED:
-            process.kill()
-            process.wait()
+        _end_started()
+
+
+def _end_started() -> None:
+    for process in STARTED:
+        process.kill()
+        process.wait()
 
 
 def hand_over(text: str) -> bool:
@@ -219,8 +225,10 @@ def hand_over(text: str) -> bool:
     which says it unless it fails the same way itself (the module says why). False elsewhere."""
     if REPORT_FD not in os.environ or _met():
         return False
-    data = (text + "\n").encode()
-    descriptor = int(os.environ[REPORT_FD])
-    while data:
-        data = data[os.write(descriptor, data) :]
+    data = (text + "\n").encode()[:PIPE_ROOM]  # the pipe is read once this process has ended: it must not fill up
+    try:
+        while data:
+            data = data[os.write(int(os.environ[REPORT_FD]), data) :]
+    except OSError:  # that process has gone (and this one goes with it): say it here
+        return False
     return True
