@@ -12,6 +12,9 @@ import sys  # noqa: E402
 
 from app.launch import die_with_parent  # noqa: E402
 from app.local_processes import start_local_processes  # noqa: E402
+from app.quiet import silence_the_shutdown  # noqa: E402
+
+silence_the_shutdown()  # first, so that it comes last: the frozen objects below are never freed
 
 die_with_parent()  # before the slow imports below, while the launcher that started this process surely lives
 start_local_processes(sys.argv[1:])  # --devices N: the other processes import what follows at the same time

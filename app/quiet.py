@@ -1,6 +1,9 @@
 """Silence messages that do not concern a user of this program; keep every other warning."""
 
+import atexit
 import logging
+import os
+import sys
 import warnings
 
 
@@ -23,3 +26,20 @@ def silence_noise(subcommand: str | None) -> None:
     # An advertisement for a hosted logging service, printed by every Trainer.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DropAdvertisement())
+
+
+def silence_the_shutdown() -> None:
+    """Once the program has said everything, send what Python's shutdown prints after it to /dev/null.
+
+    train.py freezes the objects its imports create (`gc.freeze`), so they are never freed, and libraries bound with
+    nanobind (triton's, which torch imports) report theirs as leaks after the interpreter has shut down: a wall of
+    "nanobind: leaked ..." lines under the program's last line, at every exit. Called before anything else registers
+    an exit handler, the silencing runs after every other one; the exit status stays as it is.
+    """
+
+    def silence() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # where C code writes too
+
+    atexit.register(silence)
