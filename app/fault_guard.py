@@ -61,7 +61,7 @@ class FaultGuard(Callback):
     epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
     which train.py turns into exit status 128 + the signal. `--ckpt_path last` continues from the next sample. A
     second Ctrl-C stops at once. A signal that arrives after training (during the test) lets that short stage
-    finish; Ctrl-C there stops it at once.
+    finish; Ctrl-C there, or before training (while the processes meet), stops at once, with status 130.
 
     The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
     `TrainingDiverged` there, before `last.ckpt` would be overwritten with the diverged weights. The loss stays on
@@ -173,6 +173,15 @@ class FaultGuard(Callback):
             f" {_what_is_kept(path, 'holds that step')}"
         )
         raise StoppedBySignal(stop_signal)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Ctrl-C outside training, where no handler of this guard is in place (processes meeting, the sanity check,
+        the test after training): stop as a shell expects, with status 130 (`app/cli.py`), where Lightning would
+        end the processes its launcher started with SIGKILL and exit with status 1."""
+        if isinstance(exception, KeyboardInterrupt):
+            for logger in trainer.loggers:  # what Lightning does next, skipped by the raise
+                logger.finalize("failed")
+            raise exception
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.heartbeats is not None:

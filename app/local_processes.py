@@ -21,6 +21,7 @@ this process. After the meeting, the job's TCP store decides who speaks (`app/re
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +43,8 @@ DDP_NAMES = (
 ACCELERATORS = ("none", "auto", "cpu", "gpu", "cuda")
 REPORT_FD = "TRAIN_REPORT_FD"  # in a process started here: where it hands its message over before the meeting
 PIPE_ROOM = 60_000  # bytes of a message handed over; Linux pipes hold 64 KiB
+# How a process ends when Ctrl-C or SIGTERM stops it before training: train.py's status, or the signal's.
+STOPPED = {128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM}
 
 CHECKED = threading.Event()  # set once this process's checks before the launch have passed (app/train_cli.py)
 MET = threading.Event()  # set once the processes have met, before the process group is closed (app/cli.py)
@@ -51,15 +54,14 @@ STARTED: list[subprocess.Popen] = []
 
 def start_local_processes(argv: list[str]) -> None:
     """Start the other processes of this node, if train.py can tell how many there are (the module says when)."""
-    count = processes_asked_for(argv)
-    num_nodes = _number(_trainer_settings(argv) or {}, "num_nodes", 1)
-    if count < 2 or num_nodes is None:
+    processes, nodes = processes_asked_for(argv)
+    if processes < 2:
         return
     os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
     os.environ["NODE_RANK"] = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0"))
-    os.environ["WORLD_SIZE"] = str(count * num_nodes)
+    os.environ["WORLD_SIZE"] = str(processes * nodes)
     os.environ["LOCAL_RANK"] = "0"
-    for local_rank in range(1, count):
+    for local_rank in range(1, processes):
         read_end, write_end = os.pipe()
         env = {**os.environ, "LOCAL_RANK": str(local_rank), REPORT_FD: str(write_end)}
         process = subprocess.Popen(_own_command(), env=env, pass_fds=(write_end,))
@@ -68,21 +70,23 @@ def start_local_processes(argv: list[str]) -> None:
         threading.Thread(target=_watch, args=(local_rank, process, read_end), daemon=True).start()
 
 
-def processes_asked_for(argv: list[str]) -> int:
-    """How many processes this node runs, when train.py may start them itself; 1 otherwise."""
+def processes_asked_for(argv: list[str]) -> tuple[int, int]:
+    """Processes per node and nodes, when train.py may start this node's processes itself; (1, 1) otherwise."""
     if sys.platform != "linux" or any(name in os.environ for name in LAUNCHER_VARIABLES):
-        return 1
+        return 1, 1
     settings = _trainer_settings(argv)
-    accelerator = settings.get("accelerator") if settings else None
-    if settings is None or str(accelerator).lower() not in ACCELERATORS or settings.get("plugins") is not None:
-        return 1
+    if settings is None or settings.get("plugins") is not None:  # a cluster environment, say: Lightning's to read
+        return 1, 1
+    if str(settings.get("accelerator")).lower() not in ACCELERATORS:
+        return 1, 1
     strategy = settings.get("strategy", "ddp")
     if isinstance(strategy, dict):  # class_path and init_args
         start_method = (strategy.get("init_args") or {}).get("start_method", "popen")
         strategy = strategy.get("class_path") if start_method == "popen" else None
-    if strategy not in DDP_NAMES:
-        return 1
-    return _number(settings, "devices", 1) or 1
+    nodes = _number(settings, "num_nodes", 1)
+    if strategy not in DDP_NAMES or nodes is None:
+        return 1, 1
+    return _number(settings, "devices", 1) or 1, nodes
 
 
 def _trainer_settings(argv: list[str]) -> dict | None:
@@ -137,7 +141,7 @@ def _number(settings: dict, key: str, default: int) -> int | None:
 
 
 def _free_port() -> int:
-    """As Lightning's launcher chooses MASTER_PORT (`find_free_network_port`)."""
+    """As Lightning's launcher chooses MASTER_PORT (`find_free_network_port`, in Lightning, not imported yet)."""
     if "STANDALONE_PORT" in os.environ:
         return int(os.environ["STANDALONE_PORT"])
     with socket.socket() as probe:
@@ -156,10 +160,17 @@ def _own_command() -> list[str]:
 
 def _watch(local_rank: int, process: subprocess.Popen, report: int) -> None:
     """Wait for one process started here; if it fails before the processes meet, say why once and end this one,
-    which would otherwise wait for it until the process-group timeout."""
+    which would otherwise wait for it until the process-group timeout (blocked in `init_process_group`, it does not
+    see Ctrl-C either: a process stopped by Ctrl-C or SIGTERM ends the job with its status)."""
     status = process.wait()
     if status == 0 or _met():
         return
+    if status in STOPPED:  # Ctrl-C or SIGTERM before the meeting: the job stops, as one process would, without a word
+        SPEAKING.acquire()  # never released: the process ends
+        _end_started()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status if status > 0 else 128 - status)  # 130 or 143, as a shell reports them
     os.set_blocking(report, False)
     message = b""
     try:
@@ -174,6 +185,7 @@ def _watch(local_rank: int, process: subprocess.Popen, report: int) -> None:
         f"error: the process of local rank {local_rank} (pid {process.pid}) ended with exit status"
         f" {_status(status)} before the processes of the job met."
     )
+    sys.stdout.flush()
     print(text, file=sys.stderr, flush=True)
     os._exit(1)
 

@@ -1,14 +1,18 @@
 """train.py starts the other processes of its node before it imports torch (app/local_processes.py): they import at
 the same time, and a mistake is still said once, by one process, with nothing left waiting."""
 
+import os
 import re
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from app.local_processes import processes_asked_for
-from tests.helpers import run_command, small_run
+from tests.helpers import REPO, run_command, small_run
 from tests.test_multinode import wait_for_no_process
 
 FAIL_IN_RANK_1 = ["--trainer.callbacks+=tests.helpers.FailToBuildOnLocalRank"]
@@ -80,6 +84,63 @@ def test_another_process_killed_before_the_meeting_is_named_and_ends_the_job(dat
     assert wait_for_no_process(marker, timeout=10) == ""
 
 
+# Installed in every process of a run (PYTHONPATH): the process of local rank 1 says in a file (with its pid) that it
+# is about to import torch, and stalls there for a minute, as a slow start would.
+RANK_1_WAITS = """\
+import importlib.abc, os, sys, time
+from pathlib import Path
+MARKS = Path(os.environ["TEST_MARKS"])
+
+class WaitBeforeTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            (MARKS / "pid").write_text(str(os.getpid()))
+            (MARKS / "pid").rename(MARKS / "rank-1-waits")  # whole when it appears
+            time.sleep(60)
+        return None
+
+if os.environ.get("LOCAL_RANK") == "1":
+    sys.meta_path.insert(0, WaitBeforeTorch())
+"""
+
+
+@pytest.mark.parametrize("pressed_in", ["every process", "rank 1 alone"])
+def test_ctrl_c_while_the_first_process_waits_for_the_others_stops_the_job_with_status_130(
+    data_dir, tmp_path, pressed_in
+):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(RANK_1_WAITS)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    marker = str(tmp_path / "runs")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "TEST_MARKS": str(marks), "PYTHONUNBUFFERED": "1"}
+    run = subprocess.Popen(
+        [sys.executable, "train.py", *small_run(data_dir, marker, devices=2)], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        seen = []
+        for line in run.stdout:  # the first process waits for rank 1 in init_process_group
+            seen.append(line)
+            if line.startswith("Initializing distributed: GLOBAL_RANK: 0"):
+                break
+        deadline = time.monotonic() + 60
+        while not (marks / "rank-1-waits").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (marks / "rank-1-waits").exists(), "".join(seen)[-3000:]
+        if pressed_in == "every process":
+            os.killpg(run.pid, signal.SIGINT)  # as a terminal does on Ctrl-C
+        else:  # the first process, in init_process_group, learns it only from rank 1's end
+            os.kill(int((marks / "rank-1-waits").read_text()), signal.SIGINT)
+        output = "".join(seen) + run.communicate(timeout=60)[0]
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "error" not in output and "Traceback" not in output, output[-3000:]
+    assert wait_for_no_process(marker, timeout=10) == ""
+
+
 ROOT_CONFIG = """\
 fit:
   trainer:
@@ -92,10 +153,12 @@ fit:
     [
         (["--devices", "2"], {}, 2),
         (["--devices=4", "--num_nodes", "2"], {}, 4),
+        (["--devices", "2", "--num_nodes", "two"], {}, 1),  # LightningCLI says what is wrong with it
         (["fit", "--model", "ConvNet", "--trainer.devices", "3"], {}, 3),
         (["test", "--trainer.devices=2", "--trainer.strategy", "ddp", "--trainer.strategy.timeout", "0:10:00"], {}, 2),
         (["--config", "{config}", "--devices", "2"], {}, 2),  # the command line after the file wins
         (["--config", "{root_config}", "fit"], {}, 3),  # a config before the subcommand: a section per subcommand
+        (["--config", "{saved}"], {}, 2),  # a run's config.yaml: every Trainer setting, plugins null included
         (["--devices", "2", "--config", "{config}"], {}, 2),  # the shortcut stands for an option at the end
         # Counts only torch can make, launchers and strategies that start processes their own way: Lightning does.
         (["--devices", "auto"], {}, 1),
@@ -118,10 +181,12 @@ def test_the_processes_started_early_are_the_ones_the_command_line_asks_for(
     argv, environment, processes, tmp_path, monkeypatch
 ):
     files = {"config": tmp_path / "one.yaml", "root_config": tmp_path / "root.yaml", "missing": tmp_path / "no.yaml"}
+    files["saved"] = tmp_path / "config.yaml"
+    files["saved"].write_text("trainer:\n  accelerator: auto\n  strategy: ddp\n  devices: 2\n  plugins: null\n")
     files["config"].write_text("trainer:\n  devices: 1\n  max_epochs: 2\n")
     files["root_config"].write_text(textwrap.dedent(ROOT_CONFIG))
     for name in ("LOCAL_RANK", "RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    assert processes_asked_for([arg.format(**files) for arg in argv]) == processes
+    assert processes_asked_for([arg.format(**files) for arg in argv])[0] == processes
