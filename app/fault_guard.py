@@ -103,11 +103,7 @@ class FaultGuard(Callback):
 
     def _before_stall_exit(self) -> str:
         """Runs in the heartbeat thread before the process ends: write out what the loggers hold."""
-        for logger in self._trainer.loggers:
-            try:
-                logger.finalize("failed")
-            except Exception:  # noqa: BLE001, S112 (the process ends anyway; what could be written was)
-                continue
+        _write_out_loggers(self._trainer)
         return _what_is_kept(last_checkpoint_path(self._trainer), "holds the last saved step")
 
     # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
@@ -179,8 +175,7 @@ class FaultGuard(Callback):
         the test after training): stop as a shell expects, with status 130 (`app/cli.py`), where Lightning would
         end the processes its launcher started with SIGKILL and exit with status 1."""
         if isinstance(exception, KeyboardInterrupt):
-            for logger in trainer.loggers:  # what Lightning does next, skipped by the raise
-                logger.finalize("failed")
+            _write_out_loggers(trainer)  # what Lightning does next, skipped by the raise
             raise exception
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -194,6 +189,15 @@ class FaultGuard(Callback):
             signal.signal(signum, handler)
         self._previous_handlers = {}
         self.last_loss = None
+
+
+def _write_out_loggers(trainer: Trainer) -> None:
+    """Before the process ends: each logger writes out what it holds."""
+    for logger in trainer.loggers:
+        try:
+            logger.finalize("failed")
+        except Exception:  # noqa: BLE001, S112 (the process ends anyway; what could be written was)
+            continue
 
 
 def _weights_kept(path: Path | None) -> str:

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from app.command_line import parse_command, subcommand_of
 
@@ -166,11 +167,7 @@ def _watch(local_rank: int, process: subprocess.Popen, report: int) -> None:
     if status == 0 or _met():
         return
     if status in STOPPED:  # Ctrl-C or SIGTERM before the meeting: the job stops, as one process would, without a word
-        SPEAKING.acquire()  # never released: the process ends
-        _end_started()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status if status > 0 else 128 - status)  # 130 or 143, as a shell reports them
+        _end_job(status if status > 0 else 128 - status)  # 130 or 143, as a shell reports them
     os.set_blocking(report, False)
     message = b""
     try:
@@ -179,15 +176,22 @@ def _watch(local_rank: int, process: subprocess.Popen, report: int) -> None:
     except BlockingIOError:
         pass
     CHECKED.wait()  # a mistake this process makes too is said by this process, at its own pace
-    SPEAKING.acquire()  # never released: the process ends
-    _end_started()  # first: nothing they print as they start comes after the error line
     text = message.decode(errors="replace").rstrip("\n") or (
         f"error: the process of local rank {local_rank} (pid {process.pid}) ended with exit status"
         f" {_status(status)} before the processes of the job met."
     )
+    _end_job(1, text)
+
+
+def _end_job(exit_status: int, text: str = "") -> NoReturn:
+    """From a thread watching a started process: end the others first (nothing they print as they start comes
+    after `text`), say `text`, if any, and end this process."""
+    take_the_word()
     sys.stdout.flush()
-    print(text, file=sys.stderr, flush=True)
-    os._exit(1)
+    if text:
+        print(text, file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(exit_status)
 
 
 def _met() -> bool:

@@ -41,7 +41,10 @@ def main() -> None:
     for _ in range(args.rounds):
         for label, checkout in checkouts.items():
             runs[label].append(import_times(checkout))
-    rows = sorted({row for times in runs["now"] for row in times}, key=lambda row: -runs["now"][0].get(row, 0))
+    rows = sorted(
+        {row for times in runs["now"] for row in times},
+        key=lambda row: -statistics.median(times.get(row, 0.0) for times in runs["now"]),
+    )
     print(f"\nSeconds of `import train`, each package's own modules, medians of {args.rounds} interleaved rounds")
     print(f"| package | {' | '.join(checkouts)} |")
     print(f"| --- | {' | '.join('---' for _ in checkouts)} |")
