@@ -13,7 +13,7 @@ from app.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERR
 from app.export import ExportError, export
 from app.export import parse as parse_export_arguments
 from app.launch import choose_socket_interface
-from app.local_processes import MET
+from app.local_processes import MET, wait_for_the_others
 from app.quiet import silence_noise
 from app.report import TRACEBACK_WANTED, exit_with_bug, exit_with_error
 from app.train_cli import TrainCLI
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once per node
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
-        TrainCLI(args, test_after_fit)
+        cli = TrainCLI(args, test_after_fit)
     except SIGTERMException as stop:  # every rank stopped at the same step (app/fault_guard.py: FaultGuard)
         # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
         sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         exit_with_bug(error)
     finally:
         close_process_group()
+    wait_for_the_others(cli.processes_started_here())
 
 
 def export_model(argv: list[str]) -> None:

@@ -4,6 +4,7 @@ import math
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from torch.optim.lr_scheduler import OneCycleLR
 
 
 class GlobalBatchInfo(Callback):
@@ -21,15 +22,20 @@ class GlobalBatchInfo(Callback):
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         group = trainer.optimizers[0].param_groups[0]
-        lr = (
-            f"peak learning rate {group['max_lr']:g} (one-cycle)"
-            if "max_lr" in group
-            else f"learning rate {group['lr']:g}"
-        )
+        # A continued run's one-cycle schedule counts the steps it took before at their size (app/replan.py).
+        cycles = [c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, OneCycleLR)]
+        total = cycles[0].total_steps if cycles else trainer.estimated_stepping_batches
+        if "max_lr" in group:
+            lr = f"peak learning rate {group['max_lr']:g} (one-cycle)"
+        elif math.isfinite(total) or trainer.lr_scheduler_configs:
+            lr = f"learning rate {group['lr']:g}"
+        else:  # the one-cycle schedule needs an end to plan for (models/base.py)
+            lr = f"learning rate {group['lr']:g}, constant: the run has no set end (--trainer.max_epochs -1)"
+        in_the_run = f", {total} in the run" if math.isfinite(total) else ""
         rank_zero_info(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes"
-            f" x {trainer.accumulate_grad_batches} accumulated; {lr};"
-            f" {steps_per_epoch} optimizer steps per epoch, {trainer.estimated_stepping_batches} in the run."
+            f" x {trainer.accumulate_grad_batches} accumulated; {lr}; {steps_per_epoch} optimizer steps per epoch"
+            f"{in_the_run}."
         )
         for logger in trainer.loggers:  # loggers write on rank 0 only
             logger.log_metrics(

@@ -21,12 +21,15 @@ this process. After the meeting, the job's TCP store decides who speaks (`app/re
 """
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -203,6 +206,44 @@ def _status(status: int) -> str:
     return f"{status} (killed by signal {-status})" if status < 0 else str(status)
 
 
+@contextmanager
+def ctrl_c_ends_the_meeting() -> Iterator[None]:
+    """While the processes meet, Ctrl-C ends this one at once, with status 130, and the processes it started with it.
+
+    The wait for the other processes happens inside `init_process_group` (torch's C++ code), where Python's handler
+    of Ctrl-C does not run until the wait is over: up to the process-group timeout, 30 minutes by default, when a
+    node never comes. Python still notes the signal at once in a file descriptor (`signal.set_wakeup_fd`), which a
+    thread watches here. Once the processes have met, Ctrl-C is FaultGuard's (`app/fault_guard.py`): it stops every
+    rank at the same step. SIGTERM needs nothing of this: its default action ends a waiting process at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end)
+    done = threading.Event()
+    watcher = threading.Thread(target=_end_on_ctrl_c, args=(read_end, done), name="ctrl-c-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        watcher.join()
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _end_on_ctrl_c(wakeup: int, done: threading.Event) -> None:
+    while not done.is_set() and not _met():
+        if not select.select([wakeup], [], [], 0.5)[0]:
+            continue
+        if signal.SIGINT in os.read(wakeup, 512) and not _met():
+            threading.main_thread().join(timeout=1)  # in Python, the main thread stops by itself (and so the process)
+            _end_job(128 + signal.SIGINT)
+
+
 def wait_for_the_meeting_place() -> None:
     """In a process started here: wait until the process that started it listens at MASTER_PORT, where the job's
     TCP store will be (torch.distributed starts it in that process's `init_process_group`).
@@ -219,6 +260,46 @@ def wait_for_the_meeting_place() -> None:
             return
         except OSError:
             time.sleep(0.01)
+
+
+EXIT_GRACE_S = 60  # how long the processes started here may take to end once this one's work is done
+NOTICE_AFTER_S = 5
+
+
+def wait_for_the_others(processes: list[subprocess.Popen]) -> None:
+    """After this process's work ended well: wait for the processes of its node that it started (here or by
+    Lightning's launcher), and end with their failure when one failed, so that the job's exit status is honest.
+
+    A process that failed after the processes met has usually said why itself (exit status 1: `app/report.py`);
+    one killed by a signal or ended with another status (an abort at exit, say) is named here. A process that has
+    not ended `EXIT_GRACE_S` seconds after this one's work is named and killed. Ctrl-C stops the wait."""
+    failed = None
+    for local_rank, process in enumerate([*STARTED, *processes], start=1):
+        try:
+            status = process.wait(timeout=NOTICE_AFTER_S)
+        except subprocess.TimeoutExpired:
+            print(f"Waiting for the process of local rank {local_rank} (pid {process.pid}) to end.", flush=True)
+            try:
+                status = process.wait(timeout=EXIT_GRACE_S - NOTICE_AFTER_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                status = None
+        if status != 0 and failed is None:
+            failed = local_rank, process, status
+    if failed is None:
+        return
+    local_rank, process, status = failed
+    if status in STOPPED:  # Ctrl-C or SIGTERM: the job was stopped, as a shell reports it
+        sys.exit(status if status > 0 else 128 - status)
+    if status != 1:
+        ended = f"ended with exit status {_status(status)}" if status is not None else "did not end; it was killed"
+        print(
+            f"error: the process of local rank {local_rank} (pid {process.pid}) {ended} after this process's work"
+            " was done, so the job failed.",
+            file=sys.stderr,
+            flush=True,
+        )
+    sys.exit(1)
 
 
 def take_the_word() -> None:

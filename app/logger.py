@@ -1,6 +1,8 @@
-"""The TensorBoard side of a run: a logger with a real HPARAMS tab, fed with the run's whole configuration."""
+"""The TensorBoard side of a run: a logger with a real HPARAMS tab, fed with the run's whole configuration, and
+the run's record of its settings."""
 
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
@@ -10,6 +12,8 @@ from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardL
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams
 from typing_extensions import override
+
+from app.run_folder import RunFolder, next_record_name
 
 HPARAMS_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")
 HPARAMS_SECTIONS = ("model", "data", "trainer", "seed_everything")  # of the CLI config; callbacks' stay in config.yaml
@@ -23,11 +27,21 @@ class TensorBoardLogger(LightningTensorBoardLogger):
     value of the scalars of those names, which the run logs itself. TensorBoard reads only the first hparams record
     of a run, so the first call writes it (with the whole configuration, see `LogConfigCallback`); later calls only
     add to `hparams.yaml`. Only rank 0 writes, as with any Lightning logger.
+
+    With `run`, the version is the folder that global rank 0 claimed for the run (`app/run_folder.py`), not the next
+    number Lightning would find by listing the folder, which two runs started at once can both find.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, run: RunFolder | None = None, **kwargs: Any) -> None:
         super().__init__(*args, default_hp_metric=False, **kwargs)
+        self.run = run
         self._hparams_written = False
+
+    @override
+    def _get_next_version(self) -> int | str:
+        if self.run is not None and self.run.version is not None:
+            return self.run.version
+        return super()._get_next_version()
 
     @override
     @rank_zero_only
@@ -53,12 +67,37 @@ def _plain(value: Any) -> Any:
 
 
 class LogConfigCallback(SaveConfigCallback):
-    """Save the run's `config.yaml` (LightningCLI's default) and log the same settings as hyperparameters.
+    """Save the run's settings as LightningCLI does, and log them as hyperparameters.
 
-    So the HPARAMS tab holds every model, data and trainer setting of the run (`HPARAMS_SECTIONS`), not only the
+    With `run`, global rank 0 writes them into the run's folder under a name no earlier file has: `config.yaml` when
+    the run starts, `config-continued-K.yaml` for its K-th continuation, with `header` (what the continuation
+    changed) as a comment at the top. Nothing is ever overwritten. Without `run` (a logger of the user's choice),
+    Lightning's own way: `config.yaml` in the logger's folder.
+
+    The HPARAMS tab holds every model, data and trainer setting of the run (`HPARAMS_SECTIONS`), not only the
     constructor arguments of the model and the datamodule. Lightning calls `save_config` on rank 0 only, before the
     Trainer logs the hyperparameters itself.
     """
+
+    def __init__(self, *args: Any, run: RunFolder | None = None, header: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run = run
+        self.header = header
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.run is None:
+            super().setup(trainer, pl_module, stage)
+            return
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            path = Path(self.run.path) / next_record_name(Path(self.run.path))
+            comment = "".join(f"# {line}\n" for line in self.header.splitlines())
+            with path.open("x") as record:  # "x": fails rather than overwrite
+                record.write(comment + self.parser.dump(self.config, skip_none=False))
+            self.save_config(trainer, pl_module, stage)
+        self.already_saved = True
 
     @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

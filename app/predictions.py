@@ -7,12 +7,19 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from app.errors import UserError
+from app.run_folder import RunFolder
+
+CSV_NAME = "predictions.csv"
+
 
 class PredictionWriter(BasePredictionWriter):
     """Write the predictions of a `predict` run to a CSV file, one row per input, in input order.
 
     Args:
-        path: The CSV file to write, or a folder to write `predictions.csv` in; by default the run's folder.
+        path: The CSV file to write, or a folder to write `predictions.csv` in; by default a folder of this predict's
+            own (`<run>/predict/version_N/`). An earlier file is never overwritten: a file that exists already is
+            refused before anything runs.
 
     Under DDP each rank predicts its share of the inputs (Lightning's sampler gives every input to exactly one
     rank, and tells this callback which). The ranks send their rows to global rank 0 through the process group
@@ -25,16 +32,33 @@ class PredictionWriter(BasePredictionWriter):
     def __init__(self, path: str | None = None) -> None:
         super().__init__(write_interval="epoch")
         self.path = path
+        self.run: RunFolder | None = None  # the folder of this predict, set by train.py on every rank
+        self.written: Path | None = None
 
-    def csv_path(self, trainer: Trainer) -> Path:
-        if self.path and not Path(self.path).is_dir():
-            return Path(self.path)
-        return Path(self.path or trainer.log_dir or trainer.default_root_dir) / "predictions.csv"
+    def chosen_path(self) -> Path | None:
+        """The CSV file `path` names (`predictions.csv` in it when it is a folder), or None for the default."""
+        if not self.path:
+            return None
+        path = Path(self.path)
+        return path / CSV_NAME if path.is_dir() or self.path.endswith("/") else path
+
+    def refuse_an_earlier_file(self) -> None:
+        """Before anything runs: one line instead of overwriting an earlier predict's file."""
+        path = self.chosen_path()
+        if path is not None and path.exists():
+            raise UserError(
+                f"--predictions.path {self.path}: {path} exists already, from an earlier predict. Give another file"
+                " name, or leave --predictions.path out (each predict then writes into a folder of its own)."
+            )
 
     def write_on_epoch_end(
         self, trainer: Trainer, pl_module: LightningModule, predictions: list[dict], batch_indices: list
     ) -> None:
-        path = self.csv_path(trainer)  # on every rank: Lightning's `trainer.log_dir` is a broadcast from rank 0
+        path = self.chosen_path()
+        if path is None:
+            # the run's folder on rank 0; else Lightning's `trainer.log_dir`, a broadcast from rank 0: every rank asks
+            folder = self.run.path if self.run is not None else trainer.log_dir or trainer.default_root_dir
+            path = Path(folder or ".") / CSV_NAME
         rows = {key: torch.cat([batch[key] for batch in predictions]) for key in predictions[0]} if predictions else {}
         rows["index"] = torch.tensor([index for batch in batch_indices[0] for index in batch], dtype=torch.long)
         shares = [rows]
@@ -53,7 +77,7 @@ class PredictionWriter(BasePredictionWriter):
             [] if files else ["target"]
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as out:
+        with _new_file(path) as out:
             writer = csv.writer(out)
             writer.writerow(header)
             for position in order:
@@ -63,3 +87,17 @@ class PredictionWriter(BasePredictionWriter):
                 if not files:
                     row.append(int(rows["target"][position]))
                 writer.writerow(row)
+        self.written = Path(out.name)
+
+
+def _new_file(path: Path):
+    """`path` opened for writing if no file has that name yet; else, should another predict have created it since
+    the check before the run, the first free `NAME-2.csv`, `NAME-3.csv`, ...: the rows computed are never lost, and
+    no earlier file is overwritten."""
+    candidate, number = path, 1
+    while True:
+        try:
+            return candidate.open("x", newline="")
+        except FileExistsError:
+            number += 1
+            candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")

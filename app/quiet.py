@@ -3,6 +3,7 @@
 import atexit
 import logging
 import os
+import subprocess
 import sys
 import warnings
 
@@ -23,23 +24,50 @@ def silence_noise(subcommand: str | None) -> None:
     # one the checkpoint was saved in does not matter (Lightning warns once per process).
     if subcommand in ("validate", "test", "predict"):
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
+    # A continued run writes into its own checkpoint folder, which holds its checkpoints by design; a new run's
+    # folder is new (app/run_folder.py), so the warning never has anything to say.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     # An advertisement for a hosted logging service, printed by every Trainer.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DropAdvertisement())
 
 
+# What nanobind prints after the interpreter has shut down about objects never freed, and nothing else.
+SHUTDOWN_NOISE = (b"nanobind: ", b" - leaked ", b" - ... skipped remainder", b"See https://nanobind.readthedocs.io/")
+NOISE_FILTER = f"""
+import sys
+for line in sys.stdin.buffer:
+    if not line.startswith({SHUTDOWN_NOISE!r}):
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+"""
+
+
 def silence_the_shutdown() -> None:
-    """Once the program has said everything, send what Python's shutdown prints after it to /dev/null.
+    """Once the program has said everything, pass what Python's shutdown writes to standard error through a filter
+    that drops nanobind's leak reports and keeps everything else.
 
     train.py freezes the objects its imports create (`gc.freeze`), so they are never freed, and libraries bound with
     nanobind (triton's, which torch imports) report theirs as leaks after the interpreter has shut down: a wall of
-    "nanobind: leaked ..." lines under the program's last line, at every exit. Called before anything else registers
-    an exit handler, the silencing runs after every other one; the exit status stays as it is.
+    "nanobind: leaked ..." lines under the program's last line, at every exit. Anything else written then (a C++
+    library's "terminate called ...", an abort's message) is what a user needs to see, and stays. Registered before
+    anything else registers an exit handler, the filter starts after every other one has run; the exit status stays
+    as it is. The filter is a second Python process, started without its site packages (milliseconds), that ends
+    when this process closes its end of the pipe, at exit.
     """
 
-    def silence() -> None:
+    def filter_the_rest() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # where C code writes too
+        read_end, write_end = os.pipe()
+        command = [sys.executable, "-S", "-I", "-c", NOISE_FILTER]
+        try:
+            subprocess.Popen(command, stdin=read_end, stdout=subprocess.DEVNULL, close_fds=True)
+        except OSError:  # no process can be started: keep the noise rather than lose a message
+            return
+        finally:
+            os.close(read_end)
+        os.dup2(write_end, 2)  # where C code writes too
+        os.close(write_end)
 
-    atexit.register(silence)
+    atexit.register(filter_the_rest)

@@ -2,21 +2,22 @@
 the settings a checkpoint brings, resuming, the checks before the launch and the summary at the end."""
 
 import os
-from argparse import RawDescriptionHelpFormatter
+import subprocess
+import textwrap
+from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint_io import AtomicCheckpointIO
-from app.checkpoints import read_checkpoint
+from app.checkpoint_io import AtomicCheckpointIO, remove_partial_files
 from app.checks import (
     COUNTS,
     check_accelerator,
@@ -27,15 +28,25 @@ from app.checks import (
     check_writable,
 )
 from app.command_line import subcommand_of
+from app.continuation import (
+    Start,
+    changes_between,
+    find_start,
+    refuse_another_class,
+    refuse_another_model,
+    refuse_weights_that_do_not_fit,
+)
 from app.dashboard import Dashboard
 from app.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
 from app.fault_guard import FaultGuard
 from app.global_batch import GlobalBatchInfo
-from app.local_processes import CHECKED, STARTED, wait_for_the_meeting_place
+from app.local_processes import CHECKED, ctrl_c_ends_the_meeting, wait_for_the_meeting_place
 from app.logger import LogConfigCallback, TensorBoardLogger
+from app.parser_messages import shorten
 from app.peers import announce_rendezvous
 from app.predictions import PredictionWriter
-from app.resume import latest_version, resume_from_newest_checkpoint
+from app.replan import ReplanOnResume
+from app.run_folder import CHECKPOINTS, RunFolder, checkpoint_folders, is_run, run_name
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
@@ -51,14 +62,19 @@ stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and -
 
 Every option: python train.py fit --help"""
 
-TRAINER_DEFAULTS = {
-    "strategy": "ddp",
-    "accelerator": "auto",
-    "devices": "auto",
-    "max_epochs": 10,
-    "default_root_dir": "runs",
-    "callbacks": [GlobalBatchInfo()],
-}
+DEFAULT_ROOT = "runs"
+
+
+def trainer_defaults() -> dict:
+    """The Trainer's defaults, with callbacks of their own for each run."""
+    return {
+        "strategy": "ddp",
+        "accelerator": "auto",
+        "devices": "auto",
+        "max_epochs": 10,
+        "default_root_dir": DEFAULT_ROOT,
+        "callbacks": [ReplanOnResume(), GlobalBatchInfo()],
+    }
 
 
 class HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
@@ -71,16 +87,16 @@ class TrainCLI(LightningCLI):
     def __init__(self, args: list[str], test_after_fit: bool = False) -> None:
         self.test_after_fit = test_after_fit
         self.chosen_subcommand = subcommand_of(args)
+        self.start: Start | None = None  # what --ckpt_path starts from (app/continuation.py)
+        self.run: RunFolder | None = None  # the folder this command writes into (app/run_folder.py)
         super().__init__(
             model_class=ImageClassifier,
             subclass_mode_model=True,
             datamodule_class=MNISTDataModule,
-            trainer_defaults=TRAINER_DEFAULTS,
+            trainer_defaults=trainer_defaults(),
             seed_everything_default=42,
             auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
             save_config_callback=LogConfigCallback,
-            # Each run logs into a new version folder; overwriting only matters when a user pins the version.
-            save_config_kwargs={"overwrite": True},
             parser_kwargs={"exit_on_error": False, "description": DESCRIPTION, "formatter_class": HelpFormatter},
             args=args,
         )
@@ -116,40 +132,68 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
-        """Parse; with `--ckpt_path FILE` the checkpoint's model and data settings become the defaults.
+        """Parse; with `--ckpt_path` the run or checkpoint it names brings its settings as defaults.
 
-        Lightning restores the model's hyperparameters from the checkpoint, but not the datamodule's, so
-        `test --ckpt_path` would evaluate a MNIST model on FashionMNIST. Options given on the command line or in a
-        config file still win over the checkpoint's, so the data can be read from another folder; a `--model` other
-        than the checkpoint's is refused, since Lightning would silently replace it with the checkpoint's.
+        Continuing a run (`--ckpt_path last`, or a run's folder) takes the run's newest record of its settings;
+        `--ckpt_path FILE` takes the checkpoint's model and data settings (LightningCLI's own `_parse_ckpt_path`
+        would put them over the command line instead, so that a new learning rate would be silently dropped). Every
+        config file and option the user gives wins over them; what they change is said when the run starts.
         """
         self._load_checkpoints_as_data_only()
-        super().parse_arguments(parser, args)
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if (
-            not ckpt_path
-            or ckpt_path in ("last", "best", "hpc")
-            or ckpt_path.startswith("registry")
-            or "://" in ckpt_path
-        ):
-            return  # Lightning's own names, and remote files that Lightning loads itself
-        checkpoint = read_checkpoint(ckpt_path)
-        data_hparams = checkpoint.get("datamodule_hyper_parameters", {})
-        data_hparams.pop("_instantiator", None)
-        defaults = {f"data.{k}": v for k, v in data_hparams.items()}
-        saved_model = checkpoint.get("hyper_parameters", {}).get("_class_path")
-        if saved_model:
-            defaults["model"] = saved_model
-        self._subcommand_parsers[subcommand].set_defaults(defaults)
-        super().parse_arguments(parser, args)
-        chosen_model = self.config[subcommand].model.class_path
-        if saved_model and chosen_model != saved_model:
-            saved, chosen = saved_model.rsplit(".", 1)[-1], chosen_model.rsplit(".", 1)[-1]
-            raise UserError(
-                f"--ckpt_path {ckpt_path} holds a {saved}, but --model names {chosen}: leave --model out (the"
-                f" checkpoint's model is used), or give a checkpoint of {chosen}."
-            )
+        printing = [arg for arg in args if arg.startswith("--print_config")]
+        mistake = None  # in the command line as it stands, before a checkpoint's settings are the defaults
+        try:
+            super().parse_arguments(parser, [arg for arg in args if arg not in printing])
+        except ArgumentError as error:  # `--model.width 16` for a checkpoint of a TinyNet, not named: its settings
+            mistake = error  # may take it
+            self.start = self._start_from_a_file_named_in(args)
+            if self.start is None:
+                raise
+            subcommand = subcommand_of(args)
+        else:
+            subcommand = self.config.get("subcommand")
+            self.start = self._find_start(subcommand) if subcommand else None
+        if self.start is None:
+            if printing:
+                super().parse_arguments(parser, args)
+            return
+        try:
+            super().parse_arguments(parser, [*self.start.defaults_argument(subcommand), *args])
+        except ArgumentError as error:
+            if mistake is not None:
+                raise mistake from None
+            raise UserError(  # the settings of an older run, which this code no longer takes
+                f"the settings of {self.start.record or self.start.checkpoint} do not fit this program now"
+                f" ({shorten(str(error), args)}). Give the options that differ on the command line."
+            ) from error
+        config = self.config[subcommand]
+        if config.trainer.callbacks:  # a callback the run had and the command repeats (`--trainer.callbacks+=`)
+            config.trainer.callbacks = [
+                c for i, c in enumerate(config.trainer.callbacks) if c not in config.trainer.callbacks[:i]
+            ]
+        dumped = yaml.safe_load(self._subcommand_parsers[subcommand].dump(config, skip_none=False))
+        self.start.changes = changes_between(self.start.settings, dumped)
+        refuse_another_class(self.start)
+        if self.start.run is not None and subcommand == "fit":
+            refuse_another_model(self.start, ImageClassifier.training_settings)
+
+    def _find_start(self, subcommand: str) -> Start | None:
+        config = self.config[subcommand]
+        root = Path(config.trainer.default_root_dir or ".")
+        runs_of_model = root / run_name(config.model.class_path, config.data.dataset)
+        return find_start(config.get("ckpt_path"), subcommand, runs_of_model, root)
+
+    def _start_from_a_file_named_in(self, args: list[str]) -> Start | None:
+        """The checkpoint file `--ckpt_path FILE` names on the command line, read, or None."""
+        for index, arg in enumerate(args):
+            name, has_value, value = arg.partition("=")
+            if name == "--ckpt_path" and (has_value or index + 1 < len(args)):
+                path = value if has_value else args[index + 1]
+                return find_start(path, subcommand_of(args), Path(), Path()) if Path(path).is_file() else None
+        return None
+
+    def _parse_ckpt_path(self) -> None:
+        """Nothing: the checkpoint's settings are defaults here (`parse_arguments`), below the command line."""
 
     def _set_seed(self) -> None:
         check_accelerator(self._get(self.config, "trainer.accelerator"))  # before anything else is printed
@@ -171,7 +215,7 @@ class TrainCLI(LightningCLI):
         trainer = self.trainer
         meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
         wait_for_the_meeting_place()
-        with self._errors_named_by_option(), meeting:
+        with self._errors_named_by_option(), meeting, ctrl_c_ends_the_meeting():
             super()._run_subcommand(subcommand)
 
     @contextmanager
@@ -186,10 +230,10 @@ class TrainCLI(LightningCLI):
                 raise
             subcommand = self.config.subcommand
             config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
-            if isinstance(error, RuntimeError) and "loading state_dict" in str(error):
+            if isinstance(error, RuntimeError) and "loading state_dict" in str(error):  # a checkpoint not read before
                 raise UserError(
-                    f"--ckpt_path {config.ckpt_path} does not fit {config.model.class_path}: {one_line(error)[:150]}"
-                    " Give a checkpoint of this model."
+                    f"--ckpt_path {config.ckpt_path} does not fit {config.model.class_path}:"
+                    f" {textwrap.shorten(one_line(error), 300, placeholder=' ...')} Give a checkpoint of this model."
                 ) from error
             line = blame_option(error, options_set(config, defaults))
             if line is None:
@@ -207,45 +251,53 @@ class TrainCLI(LightningCLI):
             subparser.set_defaults({"weights_only": True})
 
     def instantiate_trainer(self, **kwargs):
-        """Give the Trainer this project's TensorBoard logger, in a folder named after model and dataset, and
-        checkpoint files written atomically (unless --trainer.plugins says otherwise). When resuming, reuse the
-        latest run's folder and start from its newest checkpoint (see `app/resume.py`). `test`, `validate` and
-        `predict` of a run's checkpoint write beside that run, in `<run>/test/` and so on, where a user looks."""
+        """Give the Trainer this project's TensorBoard logger in the folder this command writes into
+        (`_folder_to_write`), the checkpoint `--ckpt_path` stands for, and checkpoint files written atomically
+        (unless --trainer.plugins says otherwise)."""
         trainer_config = self._get(self.config_init, "trainer")
-        root = Path(trainer_config["default_root_dir"] or ".")
-        resuming = self._resuming()
         if trainer_config["plugins"] is None:
             kwargs["plugins"] = [AtomicCheckpointIO()]
+        if trainer_config["logger"] in (None, True, False):
+            self.run = self._folder_to_write(Path(trainer_config["default_root_dir"] or "."))
         if trainer_config["logger"] in (None, True):
-            if run_folder := self._checkpoints_run():
-                kwargs["logger"] = TensorBoardLogger(save_dir=run_folder, name="", version=self.subcommand)
-            else:
-                run_name = f"{type(self.model).__name__}-{self.datamodule.hparams.dataset}"
-                version = latest_version(root / run_name) if resuming else None
-                kwargs["logger"] = TensorBoardLogger(save_dir=root, name=run_name, version=version)
+            continued = self.run.path
+            kwargs["logger"] = TensorBoardLogger(
+                save_dir=self.run.parent.parent,
+                name=self.run.parent.name,
+                version=continued.name if continued else None,
+                run=self.run,
+            )
+        header = ""  # what a run's record says of where the run came from
+        if self.start is not None:
+            self.config_init[self.subcommand]["ckpt_path"] = str(self.start.checkpoint)
+            if self.subcommand == "fit":
+                header = f"{'Continued' if self.start.run else 'Started from'} {self.start.where}"
+                if self.start.changes:
+                    header += "\nChanged: " + ", ".join(map(str, self.start.changes))
+        self.save_config_kwargs = {"run": self.run, "header": header, "overwrite": False}
         trainer = super().instantiate_trainer(**kwargs)
-        if isinstance(trainer.strategy.launcher, _SubprocessScriptLauncher):  # they get SIGTERM and SIGHUP from it
-            trainer.strategy.launcher.procs = STARTED  # the processes train.py started (app/local_processes.py)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
-        if resuming:
-            self.config_init[self.subcommand]["ckpt_path"] = resume_from_newest_checkpoint(
-                trainer, root, self.subcommand
-            )
         return trainer
 
-    def _checkpoints_run(self) -> Path | None:
-        """The run folder of the checkpoint that `test`, `validate` or `predict` is given, when it lies in one
-        (`<run>/checkpoints/NAME.ckpt`, beside the run's `config.yaml`); else None."""
-        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
-        if self.subcommand == "fit" or not ckpt_path:
-            return None
-        run_folder = Path(ckpt_path).parent.parent
-        return (
-            run_folder
-            if Path(ckpt_path).parent.name == "checkpoints" and (run_folder / "config.yaml").is_file()
-            else None
-        )
+    def _folder_to_write(self, root: Path) -> RunFolder:
+        """Where this command writes: a run continued, its own folder; a new run, the next `version_N` of
+        `<root>/<Model>-<dataset>`; `test`, `validate` and `predict`, the next `version_N` of `<run>/<stage>`, beside
+        the run whose checkpoint they evaluate (where a user looks), or of `<root>/<Model>-<dataset>/<stage>` for a
+        checkpoint outside a run, or when --trainer.default_root_dir names another folder than the one it lies in."""
+        if self.subcommand == "fit" and self.start is not None and self.start.run is not None:
+            return RunFolder(self.start.run.parent, path=self.start.run)
+        runs_of_model = root / run_name(self._get(self.config, "model.class_path"), self.datamodule.hparams.dataset)
+        if self.subcommand == "fit":
+            return RunFolder(runs_of_model)
+        base = runs_of_model
+        if self.start is not None:
+            run = self.start.run or self.start.checkpoint.parent.parent
+            in_a_run = self.start.run is not None or (self.start.checkpoint.parent.name == CHECKPOINTS and is_run(run))
+            explicit_root = root != Path(DEFAULT_ROOT) and not run.resolve().is_relative_to(root.resolve())
+            if in_a_run and not explicit_root:
+                base = run
+        return RunFolder(base / self.subcommand)
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
         """`--trainer.enable_checkpointing false` turns off the checkpoint callbacks this program adds, as it turns
@@ -254,31 +306,77 @@ class TrainCLI(LightningCLI):
             callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
         return super()._instantiate_trainer(config, callbacks)
 
-    def _resuming(self) -> bool:
-        return self.config_init[self.subcommand].get("ckpt_path") == "last"
-
     def _output_folders(self) -> dict[str, Path | str]:
         """The folders global rank 0 writes the run's logs, checkpoints and predictions into, by option."""
         folders = {"--trainer.default_root_dir": self.trainer.default_root_dir}
         for name in ("checkpoint", "last_checkpoint"):
             if dirpath := self._get(self.config, f"{name}.dirpath"):
                 folders[f"--{name}.dirpath"] = dirpath
-        if self.subcommand == "predict" and (path := self._get(self.config, "predictions.path")):
-            folders["--predictions.path"] = path if Path(path).is_dir() else Path(path).parent
+        if self.subcommand == "predict" and (path := self._prediction_writer().chosen_path()):
+            folders["--predictions.path"] = path.parent
         return folders
 
     def _check_before_launch(self, *stages: str) -> None:
-        """What can be wrong is found here, by one process, before the others start (`app/checks.py`)."""
+        """What can be wrong is found here, by one process, before the others start (`app/checks.py`), and before
+        anything is written: a refused command leaves every folder as it was. Then global rank 0 takes the folder
+        the command writes into."""
         check_launcher(self.trainer)
+        continuing = self.subcommand == "fit" and self.start is not None and self.start.run is not None
+        continuing = continuing and self.run is not None  # else a logger of the user's decides where it writes
+        if self.trainer.global_rank == 0 and continuing:
+            self.run.take()  # first: a run another process trains is refused before anything else is done
+        if self.start is not None:
+            self._check_the_start()
         if self.trainer.global_rank == 0:
             for option, folder in self._output_folders().items():
                 check_writable(option, folder)
+            if self.subcommand == "predict":
+                self._prediction_writer().refuse_an_earlier_file()
         check_data(self.trainer, self.datamodule, stages)
+        if self.trainer.global_rank == 0 and self.run is not None:
+            if continuing:  # what a killed save left, now that the run is this process's
+                for folder in checkpoint_folders(self.run.path):
+                    remove_partial_files(folder)
+            else:
+                self.run.claim()
+        if self.start is not None:
+            self._say_where_it_starts()
         CHECKED.set()  # from here, a mistake met by a process train.py started early is that process's own
+
+    def _check_the_start(self) -> None:
+        """The checkpoint fits the model the command builds, and its global batch the processes there are now."""
+        refuse_weights_that_do_not_fit(self.model, self.start, ImageClassifier.training_settings)
+        data_state = self.start.contents.get(type(self.datamodule).__qualname__)
+        if self.subcommand == "fit" and data_state and hasattr(self.datamodule, "batch_size_to_continue"):
+            trainer = self.trainer
+            self.datamodule.batch_size_to_continue(data_state, trainer.world_size, trainer.accumulate_grad_batches)
+
+    def _say_where_it_starts(self) -> None:
+        ckpt_path = self._get(self.config, "ckpt_path")
+        changes = f"; changed: {', '.join(map(str, self.start.changes))}" if self.start.changes else ""
+        if self.subcommand == "fit":
+            how = f"continuing {self.start.where}" if self.start.run else f"a new run from {self.start.where}"
+            rank_zero_info(f"--ckpt_path {ckpt_path}: {how}{changes}.")
+        elif self.start.run is not None:
+            rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}.")
+
+    def processes_started_here(self) -> list[subprocess.Popen]:
+        """The processes of this node that Lightning's launcher started from this one (none under the early start,
+        torchrun or SLURM): `launcher.procs`, where it keeps them, as it does to pass signals on to them."""
+        return list(getattr(self.trainer.strategy.launcher, "procs", []))
+
+    def _prediction_writer(self) -> PredictionWriter:
+        return next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
 
     def before_fit(self) -> None:
         check_sync_batchnorm(self.trainer, self._get(self.config, "trainer.sync_batchnorm"))
+        if self._get(self.config, "ckpt_path") == "last" and self.start is None and self.run is not None:
+            rank_zero_info(f"--ckpt_path last: nothing to continue in {self.run.parent}, starting a new run.")
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
+        if self.run is not None and not self.trainer.loggers:  # --trainer.logger false: checkpoints in the run too
+            for callback in self.trainer.checkpoint_callbacks:
+                if callback.dirpath is None and self.trainer.global_rank == 0:
+                    callback.dirpath = str(self.run.path / CHECKPOINTS)
         if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator):
             # Lightning's `devices="auto"` is one process on a CPU: more would share its cores and run no faster.
             rank_zero_info(
@@ -293,6 +391,7 @@ class TrainCLI(LightningCLI):
         self._check_before_launch("test")
 
     def before_predict(self) -> None:
+        self._prediction_writer().run = self.run
         self._check_before_launch("predict")
 
     def after_fit(self) -> None:
@@ -302,11 +401,15 @@ class TrainCLI(LightningCLI):
         if self.test_after_fit:
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             metrics.update(self.trainer.callback_metrics)
+        if self.start is not None and self.trainer.global_step == self.start.contents.get("global_step"):
+            rank_zero_info(
+                f"Nothing left to train: the run had reached --trainer.max_epochs {self.trainer.max_epochs} (or"
+                " --trainer.max_steps). Give a larger one to train it further."
+            )
         self._print_summary(metrics, best)
 
     def after_predict(self) -> None:
-        writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
-        rank_zero_info(f"Predictions: {writer.csv_path(self.trainer)}")
+        rank_zero_info(f"Predictions: {self._prediction_writer().written}")
 
     def after_validate(self) -> None:
         self._print_summary(self.trainer.callback_metrics)
@@ -315,12 +418,15 @@ class TrainCLI(LightningCLI):
         self._print_summary(self.trainer.callback_metrics)
 
     def _print_summary(self, metrics: dict, best_checkpoint: str = "") -> None:
-        """Rank 0 closes the run with its figures and where to find its checkpoint and logs."""
+        """Rank 0 closes the command with its figures, its dashboard, and last, the folder it wrote into."""
         names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
-        lines = ["Finished: " + "  ".join(f"{name} {metrics[name].item():.4f}" for name in names)]
+        lines = ["Finished: " + "  ".join(f"{name} {metrics[name].item():.4f}" for name in names)] if names else []
         if best_checkpoint:
             lines.append(f"Best checkpoint: {best_checkpoint}")
         if self.trainer.loggers:
-            lines.append(f"Logs: {self.trainer.log_dir}")
             lines.append(f"Dashboard: tensorboard --logdir {self.trainer.logger.save_dir}")
+        if self.run is not None:  # claimed by global rank 0, which alone prints
+            lines.append(f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {self.run.path}")
+        elif self.trainer.loggers:  # a logger of the user's: where it writes (a broadcast from rank 0: on every rank)
+            lines.append(f"Logs: {self.trainer.log_dir}")
         rank_zero_info("\n".join(lines))

@@ -279,22 +279,31 @@ class MNISTDataModule(LightningDataModule):
         optimizer steps after the resume see the same samples as they would have without the stop only if each
         step takes as many samples as before. Lightning calls this before it builds the training loader.
         """
-        global_batch, world_size = state_dict.get("global_batch_size"), state_dict.get("world_size")
         trainer = self.trainer
-        per_step = trainer.world_size * trainer.accumulate_grad_batches  # per-device batches in one optimizer step
-        unchanged = world_size == trainer.world_size or global_batch == self.hparams.batch_size * per_step
-        if global_batch is None or unchanged or trainer.state.fn != TrainerFn.FITTING:  # test, predict: no training
+        if trainer.state.fn != TrainerFn.FITTING:  # test, predict: no training
             return
+        batch_size = self.batch_size_to_continue(state_dict, trainer.world_size, trainer.accumulate_grad_batches)
+        if batch_size != self.hparams.batch_size:
+            rank_zero_info(
+                f"Continuing a run of {state_dict['world_size']} processes on {trainer.world_size}: per-device batch"
+                f" {self.hparams.batch_size} -> {batch_size}, to keep the global batch of"
+                f" {state_dict['global_batch_size']}."
+            )
+        self.hparams.batch_size = batch_size
+
+    def batch_size_to_continue(self, state_dict: dict[str, Any], world_size: int, accumulated: int) -> int:
+        """The per-device batch that keeps the global batch of the checkpoint's run (`state_dict`) on `world_size`
+        processes; a `DataError` when they cannot share it equally. train.py asks before the run starts, so that a
+        refused continuation changes nothing in the run's folder."""
+        global_batch, saved_world_size = state_dict.get("global_batch_size"), state_dict.get("world_size")
+        per_step = world_size * accumulated  # per-device batches in one optimizer step
+        if global_batch is None or saved_world_size == world_size or global_batch == self.hparams.batch_size * per_step:
+            return self.hparams.batch_size
         if global_batch % per_step:
-            accumulated = trainer.accumulate_grad_batches
             fitting = [str(n) for n in range(1, global_batch + 1) if global_batch % (n * accumulated) == 0][:6]
             raise DataError(
-                f"the checkpoint's run took global batches of {global_batch} samples, which {trainer.world_size}"
+                f"the checkpoint's run took global batches of {global_batch} samples, which {world_size}"
                 f" processes x {accumulated} accumulated batches cannot share equally: continue it on"
                 f" {', '.join(fitting)}... processes in all (--devices x --num_nodes), or start a new run."
             )
-        rank_zero_info(
-            f"Continuing a run of {world_size} processes on {trainer.world_size}: per-device batch"
-            f" {self.hparams.batch_size} -> {global_batch // per_step}, to keep the global batch of {global_batch}."
-        )
-        self.hparams.batch_size = global_batch // per_step
+        return global_batch // per_step

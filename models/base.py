@@ -1,6 +1,8 @@
 """What both networks share: the input's normalisation, the loss, the metrics of each stage, logging and the injected
 optimizer."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
@@ -29,8 +31,9 @@ class ImageClassifier(LightningModule):
     (`--model.optimizer Adadelta --model.optimizer.lr 0.01`), as the LightningCLI docs show for dependency injection.
     Without a scheduler, `one_cycle` makes the learning rate follow torch's `OneCycleLR` over the whole run, stepped
     every batch and peaking at the optimizer's `lr`: a short warm-up, then annealing, so that the weights at the end
-    of a short run are good ones (a constant rate leaves them noisy). `--model.one_cycle false` keeps the rate
-    constant; a scheduler given with `--model.lr_scheduler` is stepped once per epoch, Lightning's default. The
+    of a short run are good ones (a constant rate leaves them noisy). A run without a known end (`--trainer.max_epochs
+    -1` and no `--trainer.max_steps`) has no cycle to plan and keeps the rate constant, as `--model.one_cycle false`
+    does; a scheduler given with `--model.lr_scheduler` is stepped once per epoch, Lightning's default. The
     default Adam is torch's fused one (`fused=True`), which updates every parameter in one kernel instead of several
     small operations per tensor: the training step was 1.06x as fast on CPU, and on a GPU it saves kernel launches
     (`--model.optimizer.fused false` for the per-tensor loop).
@@ -47,6 +50,9 @@ class ImageClassifier(LightningModule):
     """
 
     net: nn.Module
+    # The settings of how the network trains and how fast, not of what it is: a run continued with `--ckpt_path last`
+    # may change these (app/replan.py), and keeps every other setting it was built with.
+    training_settings = ("optimizer", "lr_scheduler", "one_cycle", "channels_last", "compile")
 
     def __init__(
         self,
@@ -156,7 +162,12 @@ class ImageClassifier(LightningModule):
             return optimizer
         peak_lrs = [group["lr"] for group in optimizer.param_groups]
         total_steps = self.trainer.estimated_stepping_batches  # optimizer steps of the whole run, on each rank
-        if total_steps < 1:  # --trainer.limit_train_batches 0: no training step, so nothing to schedule
+        # --trainer.limit_train_batches 0: no training step; --trainer.max_epochs -1 without max_steps: no known end.
+        if total_steps < 1 or not math.isfinite(total_steps):
             return optimizer
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=peak_lrs, total_steps=total_steps)
+        # The momentum (or Adam's first beta) cycles against the learning rate, where the optimizer has one.
+        cycle_momentum = "momentum" in optimizer.defaults or "betas" in optimizer.defaults
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=peak_lrs, total_steps=int(total_steps), cycle_momentum=cycle_momentum
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

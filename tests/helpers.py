@@ -1,5 +1,6 @@
 """Running train.py as a user does, and reading what a run leaves behind."""
 
+import atexit
 import contextlib
 import errno
 import json
@@ -377,3 +378,16 @@ class SendsAtExit(Callback):
     def _send_when_main_ends(self) -> None:
         threading.main_thread().join()
         Path(self.path).write_text("sent")
+
+
+class FailAtExit(Callback):
+    """Test instrument: the process of global rank `rank` fails as the program ends, once its training is over:
+    aborted at exit (`abort`, as a C++ library's "terminate called ..." does), or with exit status 3."""
+
+    def __init__(self, rank: int = 1, abort: bool = True) -> None:
+        self.rank = rank
+        self.abort = abort
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.global_rank == self.rank and stage == "fit":
+            atexit.register(os.abort if self.abort else lambda: os._exit(3))

@@ -92,7 +92,7 @@ def test_only_rank_zero_writes_logs_and_checkpoints(fit_run):
 
 
 def loose_copy(checkpoint: Path, folder: Path) -> Path:
-    """The checkpoint outside its run folder: evaluating it logs into a new run folder, one per evaluation."""
+    """The checkpoint outside its run folder: evaluating it logs into `<root>/SeqNet-mnist/test/version_N`."""
     return Path(shutil.copy(checkpoint, folder / checkpoint.name))
 
 
@@ -104,7 +104,7 @@ def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_r
         "test", "--ckpt_path", str(best), "--devices", "2", "--trainer.default_root_dir", str(tmp_path), *COMMON
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (evaluation,) = (tmp_path / "SeqNet-mnist").iterdir()
+    (evaluation,) = (tmp_path / "SeqNet-mnist" / "test").iterdir()  # a folder of its own: test/version_0
     assert scalars(evaluation)["test/acc"] == scalars(run_dir(root))["test/acc"]
     assert "train/loss" not in scalars(evaluation)  # no training happened
 
@@ -120,7 +120,7 @@ def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, 
         argv = ("test", "--ckpt_path", str(best), "--devices", str(devices), "--data.eval_batch_size", "40")
         result = run_train(*argv, "--trainer.default_root_dir", str(logs), *COMMON)
         assert result.returncode == 0, result.stderr[-3000:]
-        (evaluation,) = (logs / "SeqNet-mnist").iterdir()
+        (evaluation,) = (logs / "SeqNet-mnist" / "test").iterdir()
         figures.append(scalars(evaluation))
     accuracies = [f["test/acc"] for f in figures]
     assert accuracies[0] == accuracies[1] == accuracies[2] and accuracies[0][0] < 1

@@ -2,6 +2,7 @@
 continues from the next sample, on the same or another number of processes; a process that stops answering is
 named and the job ends; a full disk ends the run in one line with the last checkpoint intact."""
 
+import contextlib
 import json
 import os
 import re
@@ -10,13 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
+from app.peers import ARRIVED_KEY
 from tests.conftest import TRAIN_SIZE
 from tests.helpers import REPO, SMALL_RUN, free_port, max_difference, run_command, run_train, scalars, small_run
+from tests.test_multinode import wait_for_no_process
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -282,7 +286,68 @@ def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_d
     assert "Finished: test/acc" in first_output, first_output[-3000:]
 
 
-# 4. The disk fills up
+@pytest.mark.parametrize(
+    ("stop", "statuses"),
+    [(signal.SIGINT, {128 + signal.SIGINT}), (signal.SIGTERM, {128 + signal.SIGTERM, -signal.SIGTERM})],
+    ids=["Ctrl-C", "SIGTERM"],
+)
+def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_job_at_once(
+    data_dir, tmp_path, stop, statuses
+):
+    """Node 0's two processes wait inside `init_process_group` for node 1, which is never started: Python's handler
+    of Ctrl-C cannot run there, and the wait lasts up to the process-group timeout (30 minutes). SIGTERM ends them by
+    its default action, as a shell reports it (143)."""
+    port = free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    args = [*argv(data_dir, tmp_path, devices=2), "--num_nodes", "2"]
+    job = subprocess.Popen(
+        [sys.executable, "train.py", "fit", *args], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Each process counts itself in the job's store once it waits there (app/peers.py): both are waiting.
+        store = torch.distributed.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False
+        )
+        store.wait([ARRIVED_KEY], timedelta(seconds=120))
+        deadline = time.monotonic() + 60
+        while store.add(ARRIVED_KEY, 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(job.pid, stop)  # as a terminal does on Ctrl-C, or a scheduler
+        output = job.communicate(timeout=30)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert job.returncode in statuses, output[-3000:]
+    assert "error" not in output and "Traceback" not in output, output[-3000:]
+    assert wait_for_no_process(str(tmp_path), timeout=10) == ""
+
+
+# 4. A process that fails after the others have finished fails the job
+
+
+@pytest.mark.parametrize(
+    ("launcher", "abort", "ended"),
+    [("early start", "true", "-6 (killed by signal 6)"), ("Lightning's", "false", "3")],
+)
+def test_a_process_that_fails_at_exit_after_training_fails_the_job_and_is_named(
+    data_dir, tmp_path, launcher, abort, ended
+):
+    lightnings = ("--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment")
+    at_exit = ("--trainer.callbacks+=tests.helpers.FailAtExit", "--trainer.callbacks.abort", abort)
+    args = argv(data_dir, tmp_path, *at_exit, *(lightnings if launcher == "Lightning's" else ()), max_epochs=1)
+    result = run_train("fit", *args)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: the process of local rank 1 \(pid \d+\) ended with exit status {re.escape(ended)} after this"
+        r" process's work was done, so the job failed\.",
+        errors[0],
+    ), result.stderr[-3000:]
+
+
+# 5. The disk fills up
 
 
 @pytest.fixture

@@ -170,8 +170,9 @@ def test_torchrun_restarts_a_job_whose_rank_died_from_its_last_checkpoint(data_d
 
     (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()  # the restarted job continued the same run
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert output.count(f"--ckpt_path last: nothing to resume in {tmp_path}, starting afresh") == 1
-    assert output.count(f"--ckpt_path last: resuming from {last}") == 1
+    runs_of_model = tmp_path / "SeqNet-mnist"
+    assert output.count(f"--ckpt_path last: nothing to continue in {runs_of_model}, starting a new run.") == 1
+    assert output.count(f"--ckpt_path last: continuing {run_dir}, from checkpoints/last.ckpt (step ") == 1
     assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 2
     assert len(scalars(run_dir)["val/acc"]) == 3  # epoch 0 from the first attempt, 1 and 2 after the restart
     assert output.count("Finished: test/acc") == 1

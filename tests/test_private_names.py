@@ -50,6 +50,9 @@ def test_train_cli_overrides_lightning_cli_methods_with_their_signatures():
     )
     assert parameters(LightningCLI._get) == ["self", "config", "key", "default"], "LightningCLI._get"
     assert "self._subcommand_parsers" in inspect.getsource(LightningCLI), "LightningCLI._subcommand_parsers"
+    # parse_arguments: the checkpoint's settings are defaults below the command line, not put over it.
+    assert parameters(LightningCLI._parse_ckpt_path) == ["self"], "LightningCLI._parse_ckpt_path"
+    assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__), "LightningCLI._parse_ckpt_path"
 
 
 def test_the_logger_finds_lightnings_hyperparameter_helpers():
@@ -58,12 +61,15 @@ def test_the_logger_finds_lightnings_hyperparameter_helpers():
 
     assert _flatten_dict(_convert_params({"a": {"b": 1}})) == {"a/b": 1}, "lightning.fabric.utilities.logger"
     assert callable(TensorBoardLogger._sanitize_params), "TensorBoardLogger._sanitize_params"
+    # The run's folder as the version: Lightning asks `_get_next_version` when no version was given.
+    assert parameters(TensorBoardLogger._get_next_version) == ["self"], "TensorBoardLogger._get_next_version"
+    assert "self._get_next_version()" in inspect.getsource(TensorBoardLogger.version.fget), "TensorBoardLogger.version"
     assert parameters(SummaryWriter._get_file_writer) == ["self"], "SummaryWriter._get_file_writer"
 
 
 def test_the_processes_train_py_starts_are_the_ones_lightnings_launcher_would():
-    # app/local_processes.py starts them with the environment and command line of Lightning's launcher, and
-    # app/train_cli.py gives them to that launcher (`procs`), which passes SIGTERM and SIGHUP on to them.
+    # app/local_processes.py starts them with the environment and command line of Lightning's launcher; where that
+    # launcher starts them, app/cli.py waits for them at the end (`procs`, where it keeps them to pass signals on).
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
     from app.command_line import SUBCOMMANDS

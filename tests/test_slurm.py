@@ -74,7 +74,7 @@ def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_chec
     assert "Requeued SLURM job" in output
     assert "Reaching MASTER_ADDR through lo" in output  # the job's first node, before Lightning sets MASTER_ADDR
     assert (tmp_path / f"slurm-{job_id}" / "hpc_ckpt_1.ckpt").exists()
-    assert output.count("--ckpt_path last: resuming from") == 1
+    assert output.count("--ckpt_path last: continuing ") == 1
     ranks = sorted(re.findall(r"GLOBAL_RANK: (\d), MEMBER: \d/(\d)", output))
     assert ranks == [("0", "2"), ("0", "2"), ("1", "2"), ("1", "2")]  # two tasks, twice
 

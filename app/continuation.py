@@ -1,0 +1,232 @@
+"""What `--ckpt_path` starts from: a run to continue (`last`, or a run's folder) or a checkpoint file, the settings
+that come with it as defaults, and what the command line changes on top of them.
+
+Continuing a run continues that run: its newest record of settings (`config.yaml`, or the latest
+`config-continued-K.yaml`) is the default of every option, as a checkpoint's own model and data settings are with
+`--ckpt_path FILE` (which starts a new run from those weights). What the command changes is said in one line. How it
+trains may change (optimizer, learning rate, schedule, epochs: `app/replan.py` carries the run over to the new plan);
+what the network is may not: a continued run keeps the model it was built with.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from torch import nn
+
+from app.checkpoints import read_checkpoint
+from app.errors import UserError
+from app.run_folder import is_run, last_checkpoint_of, newest_record, newest_run_with_a_checkpoint, versions
+
+LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
+NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train
+WHERE = {"--trainer.default_root_dir"}  # where the runs are: found already, and no change of how the run trains
+
+
+@dataclass(frozen=True)
+class Change:
+    option: str  # as on the command line: --trainer.max_epochs, --model.optimizer (a class), --model.optimizer.lr
+    before: Any
+    after: Any
+    lr: float | None = None  # a new optimizer's learning rate
+
+    def __str__(self) -> str:
+        lr = f" (lr {self.lr:g})" if self.lr is not None else ""
+        return f"{self.option} {_shown(self.before)} -> {_shown(self.after)}{lr}"
+
+
+@dataclass
+class Start:
+    """Where a command starts from: `checkpoint`, of the run `run` when it continues one."""
+
+    checkpoint: Path
+    contents: dict  # the checkpoint as read (weights-only)
+    run: Path | None = None  # the run continued; None for a checkpoint file
+    record: Path | None = None  # the run's newest record of its settings
+    settings: dict = field(default_factory=dict)  # the defaults it brings, as a config file would give them
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        """`runs/SeqNet-mnist/version_0, from checkpoints/last.ckpt (step 16, epoch 1)`: one phrase for the user."""
+        if self.run is None:
+            place = str(self.checkpoint)
+        else:  # a checkpoint of the run's, where a user put it (--last_checkpoint.dirpath)
+            inside = self.checkpoint.is_relative_to(self.run)
+            place = f"{self.run}, from {self.checkpoint.relative_to(self.run) if inside else self.checkpoint}"
+        return f"{place} (step {self.contents.get('global_step', 0)}, epoch {self.contents.get('epoch', 0)})"
+
+    def defaults_argument(self, subcommand: str) -> list[str]:
+        """The settings it brings, as a config of the whole command line (`--config '{"fit": ...}'`) placed first:
+        every config file and option the user gives comes after it and wins."""
+        return ["--config", json.dumps({subcommand: self.settings})] if self.settings else []
+
+
+def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root: Path) -> Start | None:
+    """The run or checkpoint `--ckpt_path` names, read and checked; None where Lightning resolves the name itself
+    (`best`, `hpc`, URLs, registries), for no checkpoint, and for `fit --ckpt_path last` with nothing to continue
+    (a job restarted by its launcher can carry `--ckpt_path last` from its first start)."""
+    if not ckpt_path or ckpt_path in LIGHTNING_NAMES or ckpt_path.startswith("registry") or "://" in ckpt_path:
+        return None
+    if ckpt_path == "last":
+        run = _run_to_continue(runs_of_model, root)
+        if run is None:
+            if subcommand == "fit":
+                return None
+            raise UserError(
+                f"--ckpt_path last: no run under {runs_of_model} holds a last checkpoint. Train first, or give"
+                " --ckpt_path FILE."
+            )
+        return _continue(run, root)
+    path = Path(ckpt_path)
+    if path.is_dir() and is_run(path):
+        return _continue(path, root)
+    contents = read_checkpoint(path)
+    return Start(path, contents, settings=_settings_of_checkpoint(contents))
+
+
+def _run_to_continue(runs_of_model: Path, root: Path) -> Path | None:
+    """The newest run that holds a last checkpoint; under SLURM, the newest run at all when the checkpoint that
+    Lightning's SLURM plugin writes on pre-emption (`hpc_ckpt_N.ckpt`, in `--trainer.default_root_dir`) is there."""
+    run = newest_run_with_a_checkpoint(runs_of_model)
+    if run is None and _slurm_checkpoint(root) is not None and versions(runs_of_model):
+        run = runs_of_model / f"version_{max(versions(runs_of_model))}"
+    return run
+
+
+def _slurm_checkpoint(root: Path) -> Path | None:
+    if not SLURMEnvironment.detect():
+        return None
+    return max(root.glob("hpc_ckpt_*.ckpt"), key=lambda path: path.stat().st_mtime, default=None)
+
+
+def _continue(run: Path, root: Path) -> Start:
+    """Continue `run` from its newest last checkpoint (or SLURM's, when newer), with its newest record's settings."""
+    candidates = [path for path in (last_checkpoint_of(run), _slurm_checkpoint(root)) if path is not None]
+    if not candidates:
+        raise UserError(f"--ckpt_path {run}: this run holds no last checkpoint yet. Train it first, or start afresh.")
+    checkpoint = max(candidates, key=lambda path: path.stat().st_mtime)
+    contents = read_checkpoint(checkpoint)
+    record = newest_record(run)
+    if record is None:
+        return Start(checkpoint, contents, run, settings=_settings_of_checkpoint(contents))
+    settings = yaml.safe_load(record.read_text())
+    settings = {key: value for key, value in settings.items() if key not in NOT_COMPARED}
+    return Start(checkpoint, contents, run, record, settings)
+
+
+def _settings_of_checkpoint(contents: dict) -> dict:
+    """A checkpoint's own model and data settings (LightningCLI saves them with the weights)."""
+    model = dict(contents.get("hyper_parameters") or {})
+    data = dict(contents.get("datamodule_hyper_parameters") or {})
+    for hparams in (model, data):
+        hparams.pop("_instantiator", None)
+    settings = {"data": data} if data else {}
+    if "_class_path" in model:
+        settings["model"] = {"class_path": model.pop("_class_path"), "init_args": model}
+    return settings
+
+
+def changes_between(before: dict, after: dict) -> list[Change]:
+    """The options whose value differs, by their command-line names; a changed class is one change (its arguments
+    are not listed), and a class's arguments are compared only when the class stays."""
+    before = {key: value for key, value in before.items() if key not in NOT_COMPARED}
+    after = {key: value for key, value in after.items() if key not in NOT_COMPARED and key in before}
+    return [change for change in _differences(before, after, "-") if change.option not in WHERE]
+
+
+def _differences(before: Any, after: Any, option: str) -> list[Change]:
+    if before == after:
+        return []
+    if isinstance(before, dict) and isinstance(after, dict):
+        if "class_path" in before or "class_path" in after:
+            if before.get("class_path") != after.get("class_path"):
+                # The new class's learning rate, which jsonargparse carries over from the old class when both take one
+                lr = (after.get("init_args") or {}).get("lr")
+                return [Change(option, before.get("class_path"), after.get("class_path"), lr)]
+            before, after = before.get("init_args") or {}, after.get("init_args") or {}
+        separator = "." if option != "-" else "-"
+        return [
+            change
+            for key in dict.fromkeys([*before, *after])
+            for change in _differences(before.get(key), after.get(key), f"{option}{separator}{key}")
+        ]
+    return [Change(option, before, after)]
+
+
+def model_changes(changes: list[Change], training_settings: tuple[str, ...]) -> list[Change]:
+    """The changes of what the network is: its class, and its settings other than `training_settings`."""
+    return [
+        change
+        for change in changes
+        if change.option == "--model"
+        or (change.option.startswith("--model.") and change.option.split(".")[1] not in training_settings)
+    ]
+
+
+def refuse_another_class(start: Start) -> None:
+    """`--model` naming another class than the checkpoint's: one line, whichever way it started."""
+    for change in start.changes:
+        if change.option == "--model":
+            saved, chosen = _shown(change.before), _shown(change.after)
+            raise UserError(
+                f"--ckpt_path {start.run or start.checkpoint} holds a {saved}, but --model names {chosen}: leave"
+                f" --model out (the checkpoint's model is used), or give a checkpoint of {chosen}."
+            )
+
+
+def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> None:
+    """A continued run keeps the network it was built with and its dataset: any other change of the model's
+    settings (all but `training_settings`, how it trains) ends in one line that names them."""
+    changed = model_changes(start.changes, training_settings)
+    changed += [change for change in start.changes if change.option == "--data.dataset"]
+    if not changed:
+        return
+    said = " and ".join(f"{change.option} {_shown(change.after)}" for change in changed)
+    was = " and ".join(f"{change.option} {_shown(change.before)}" for change in changed)
+    source = start.record or start.checkpoint
+    raise UserError(
+        f"{said} does not fit the run it continues: {start.run} was built with {was}. A run continues with the model"
+        f" and data it was started with: leave {' and '.join(c.option for c in changed)} out (the run's"
+        f" settings, {source}, are the defaults), or train a new run without --ckpt_path."
+    )
+
+
+def refuse_weights_that_do_not_fit(model: nn.Module, start: Start, training_settings: tuple[str, ...]) -> None:
+    """Say in one line, before anything runs, why the checkpoint's weights do not fit the model the command builds:
+    the settings that differ from the checkpoint's, or else the first tensors that differ."""
+    expected, saved = model.state_dict(), start.contents.get("state_dict", {})
+    mismatched = [name for name in expected if name in saved and expected[name].shape != saved[name].shape]
+    missing, unexpected = [n for n in expected if n not in saved], [n for n in saved if n not in expected]
+    if not (mismatched or missing or unexpected):
+        return
+    model_name = type(model).__name__
+    if changed := model_changes(start.changes, training_settings):
+        said = " and ".join(f"{c.option} {_shown(c.after)} (the checkpoint's: {_shown(c.before)})" for c in changed)
+        raise UserError(
+            f"--ckpt_path {start.checkpoint} holds the weights of another {model_name} than {said} builds. Leave"
+            f" {' and '.join(c.option for c in changed)} out: the checkpoint's settings are the defaults."
+        )
+    if mismatched:
+        name = mismatched[0]
+        what = f"{name} is {list(saved[name].shape)} there but {list(expected[name].shape)} in the model"
+    else:
+        what = f"{'missing: ' + missing[0] if missing else 'not in the model: ' + unexpected[0]}"
+    more = len(mismatched) + len(missing) + len(unexpected) - 1
+    raise UserError(
+        f"--ckpt_path {start.checkpoint} does not fit {model_name} as this code builds it ({what}"
+        f"{f', and {more} more' if more else ''}). Give a checkpoint of this model."
+    )
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()  # as the command line takes it
+    if isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split(".")):
+        return value.rsplit(".", 1)[-1]  # a class path: its class
+    if isinstance(value, list) and all(isinstance(item, dict) and "class_path" in item for item in value):
+        return "[" + ", ".join(_shown(item["class_path"]) for item in value) + "]"
+    return "null" if value is None else str(value)

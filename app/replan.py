@@ -1,0 +1,170 @@
+"""A run continued from a checkpoint trains with the command's plan: its optimizer, its settings, its schedule.
+
+Lightning restores the optimizer and the learning-rate schedulers exactly as the checkpoint saved them. That is right
+for a run continued unchanged, and wrong for any other: the one-cycle schedule keeps the length it was planned with
+(`Tried to step 101 times. The specified number of total steps is 100` once the run is extended), another optimizer
+is handed the state of the old one (`KeyError: 'betas'` from Adam given Adadelta's), and a new learning rate is
+replaced by the checkpoint's. What this callback does instead, deciding per case:
+
+- The optimizer keeps its state (moments, step counts) when the checkpoint's fits it (the same algorithm), and takes
+  the command's settings (learning rate, betas, weight decay) from the next step. One whose state does not fit (another
+  algorithm) starts afresh; the weights, the epoch and the data position continue.
+- The one-cycle schedule is planned again, over the run's total as the command now sets it, at the step the run has
+  reached, peaking at the command's learning rate. For a run continued unchanged that is the schedule it had.
+- A scheduler given with `--model.lr_scheduler` continues as saved when neither it nor the optimizer changed, and
+  starts from its beginning otherwise.
+
+One line says what changed, on rank 0. Every rank does the same on its own: no collective.
+"""
+
+import math
+import warnings
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import OneCycleLR
+
+# Keys that a learning-rate scheduler writes into an optimizer's parameter groups, beside the optimizer's own.
+SCHEDULE_KEYS = {"lr", "initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum", "momentum", "betas"}
+PLAN = ("optimizer", "lr_scheduler", "one_cycle")  # the model's settings that make the optimizer and its schedule
+
+
+class ReplanOnResume(Callback):
+    """Continue a checkpoint's training with the optimizer settings and learning-rate schedule of the command."""
+
+    def __init__(self) -> None:
+        self.checkpoint: dict | None = None
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        # Before the optimizers exist; Lightning loads their states from this same dictionary after `on_fit_start`.
+        self.checkpoint = checkpoint
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The optimizers and schedulers are the command's here, not yet given the checkpoint's states."""
+        if self.checkpoint is None:
+            return
+        saved_optimizers = self.checkpoint.get("optimizer_states", [])
+        saved_schedulers = self.checkpoint.get("lr_schedulers", [])
+        self.fresh_groups = [[_without_params(group) for group in o.param_groups] for o in trainer.optimizers]
+        self.restarted = [
+            not _state_fits(optimizer, saved)
+            for optimizer, saved in zip(trainer.optimizers, saved_optimizers, strict=False)
+        ]
+        for index, restart in enumerate(self.restarted):
+            if restart:  # the optimizer loads its own empty state: it starts afresh
+                saved_optimizers[index] = trainer.optimizers[index].state_dict()
+        self.planned_before = [saved.get("total_steps") for saved in saved_schedulers]
+        plan_changed = _plan_of(self.checkpoint.get("hyper_parameters", {})) != _plan_of(pl_module.hparams)
+        self.keep_schedulers = not plan_changed and not any(self.restarted)
+        for index, config in enumerate(trainer.lr_scheduler_configs[: len(saved_schedulers)]):
+            if isinstance(config.scheduler, OneCycleLR) or not self.keep_schedulers:
+                saved_schedulers[index] = config.scheduler.state_dict()  # planned again in `on_train_start`
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The checkpoint's states are loaded: give the optimizers the command's settings, bring the one-cycle
+        schedule to the step the run has reached, and say what changed."""
+        if self.checkpoint is None:
+            return
+        self.saved_epoch = self.checkpoint.get("epoch")
+        self.checkpoint = None  # its tensors are in the optimizers now; nothing else needs it
+        step, said = trainer.global_step, []
+        if not self.keep_schedulers or any(isinstance(c.scheduler, OneCycleLR) for c in trainer.lr_scheduler_configs):
+            changed, scheduled = False, bool(trainer.lr_scheduler_configs)
+            for optimizer, fresh_groups in zip(trainer.optimizers, self.fresh_groups, strict=True):
+                for group, fresh in zip(optimizer.param_groups, fresh_groups, strict=True):
+                    changed |= _settings(group, scheduled) != _settings(fresh, scheduled)
+                    group.update(fresh)
+            if any(self.restarted):
+                said.append(f"{_name(trainer.optimizers[0])} starts afresh (the checkpoint's state does not fit it)")
+            elif changed:
+                said.append(f"{_name(trainer.optimizers[0])} keeps its state and takes the command's settings")
+        for index, config in enumerate(trainer.lr_scheduler_configs):
+            if _planned_over_the_run(config.scheduler, pl_module, trainer):
+                config.scheduler = _one_cycle_over(config.scheduler, _steps_in_the_run(trainer, self.saved_epoch))
+            scheduler = config.scheduler
+            if isinstance(scheduler, OneCycleLR) and step <= scheduler.total_steps:
+                _bring_to_step(scheduler, step)
+                before = self.planned_before[index] if index < len(self.planned_before) else None
+                if before != scheduler.total_steps or not self.keep_schedulers:
+                    peak = scheduler.optimizer.param_groups[0]["max_lr"]
+                    said.append(
+                        f"the one-cycle schedule is planned over {scheduler.total_steps} steps"
+                        f"{f' (it was {before})' if before else ''}, from here, peaking at learning rate {peak:g}"
+                    )
+            elif not self.keep_schedulers and not isinstance(scheduler, OneCycleLR):
+                said.append(f"{type(scheduler).__name__} starts from its beginning")
+        if said:
+            rank_zero_info(f"Continuing at step {step}: {'; '.join(said)}; the weights continue.")
+
+
+def _state_fits(optimizer: Optimizer, saved: dict) -> bool:
+    """Whether `saved` is the state of the same algorithm over the same parameters: its parameter groups hold the
+    same settings (by name) and as many parameters."""
+    groups = saved.get("param_groups", [])
+    if len(groups) != len(optimizer.param_groups):
+        return False
+    return all(
+        len(group["params"]) == len(old["params"]) and _settings(group).keys() == _settings(old).keys()
+        for group, old in zip(optimizer.param_groups, groups, strict=True)
+    )
+
+
+def _settings(group: dict, scheduled: bool = True) -> dict:
+    """A parameter group's optimizer settings, without what a scheduler writes there (the learning rate and
+    momentum too, where a scheduler sets them at every step)."""
+    left_out = SCHEDULE_KEYS if scheduled else SCHEDULE_KEYS - {"lr", "momentum", "betas"}
+    return {key: value for key, value in group.items() if key != "params" and key not in left_out}
+
+
+def _without_params(group: dict) -> dict:
+    return {key: value for key, value in group.items() if key != "params"}
+
+
+def _plan_of(hparams) -> dict:
+    return {key: hparams.get(key) for key in PLAN}
+
+
+def _name(optimizer: Optimizer) -> str:
+    return type(optimizer).__name__
+
+
+def _planned_over_the_run(scheduler: object, pl_module: LightningModule, trainer: Trainer) -> bool:
+    """The one-cycle schedule that the model plans over the whole run (`--model.one_cycle`, models/base.py)."""
+    own = pl_module.hparams.get("one_cycle") and pl_module.hparams.get("lr_scheduler") is None
+    planned = trainer.estimated_stepping_batches
+    return bool(own) and isinstance(scheduler, OneCycleLR) and scheduler.total_steps == planned
+
+
+def _steps_in_the_run(trainer: Trainer, saved_epoch: int | None) -> float:
+    """The optimizer steps of the whole run: those taken, and those its settings leave to take now.
+
+    Lightning's `estimated_stepping_batches` counts every epoch at the steps per epoch of now; a run continued with
+    another batch size took its steps so far at the old one. The batches of the epoch the checkpoint was saved in
+    count only when the run continues inside that epoch (one saved at an epoch's end continues with the next)."""
+    accumulated = trainer.accumulate_grad_batches
+    per_epoch = math.ceil(trainer.num_training_batches / accumulated)
+    inside = trainer.current_epoch == saved_epoch
+    done_in_epoch = math.ceil(trainer.fit_loop.epoch_loop.batch_progress.current.ready / accumulated) if inside else 0
+    left = (trainer.max_epochs - trainer.current_epoch) * per_epoch - done_in_epoch
+    by_epochs = trainer.global_step + left if trainer.max_epochs not in (None, -1) else math.inf
+    return min(by_epochs, trainer.max_steps if trainer.max_steps != -1 else math.inf)
+
+
+def _one_cycle_over(scheduler: OneCycleLR, total: float) -> OneCycleLR:
+    """The model's one-cycle schedule, planned over `total` steps instead (as models/base.py makes it)."""
+    if not math.isfinite(total) or total == scheduler.total_steps:
+        return scheduler
+    peaks = [group["max_lr"] for group in scheduler.optimizer.param_groups]
+    return OneCycleLR(
+        scheduler.optimizer, max_lr=peaks, total_steps=int(total), cycle_momentum=scheduler.cycle_momentum
+    )
+
+
+def _bring_to_step(scheduler: OneCycleLR, step: int) -> None:
+    """Set the learning rate (and momentum) of `step` in a one-cycle schedule that has just been made: it computes
+    them from the step alone."""
+    scheduler.last_epoch = step - 1
+    with warnings.catch_warnings():  # torch warns of a scheduler stepped before its optimizer: here on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()

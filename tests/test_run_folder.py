@@ -1,0 +1,280 @@
+"""A run's life, as a researcher lives it: runs started at once, continued, extended, changed, predicted twice, with
+nothing lost or mixed up (real runs of train.py on CPU, and the folder mechanism in-process)."""
+
+import hashlib
+import multiprocessing
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from app.continuation import changes_between
+from app.errors import UserError
+from app.run_folder import RunFolder
+from tests.helpers import REPO, run_train, small_run
+
+TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width
+
+
+def one_process(data_dir: Path, root: Path, *args: str, **settings) -> list[str]:
+    return small_run(data_dir, root, *args, **{"devices": 1, **settings})
+
+
+def folder_hashes(folder: Path) -> dict[str, str]:
+    """Every file under `folder` and the hash of its bytes: a folder left "byte for byte as it was"."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def last_checkpoint(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    return errors[0]
+
+
+# 1. A run owns its folder
+
+
+def _claim(parent: str, start: multiprocessing.Barrier, claimed: multiprocessing.Queue) -> None:
+    start.wait()  # every process lists the folder and claims at the same moment
+    claimed.put(RunFolder(Path(parent)).claim().name)
+
+
+def test_runs_that_claim_a_folder_at_the_same_moment_get_one_each(tmp_path):
+    context = multiprocessing.get_context("fork")
+    start, claimed = context.Barrier(8), context.Queue()
+    processes = [context.Process(target=_claim, args=(str(tmp_path), start, claimed)) for _ in range(8)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    names = sorted(claimed.get(timeout=5) for _ in processes)
+    assert names == sorted(f"version_{n}" for n in range(8))
+
+
+def test_a_run_held_by_another_process_is_refused_until_that_process_ends(tmp_path):
+    run = RunFolder(tmp_path)
+    run.claim()
+    run.release()
+    hold = f"from app.run_folder import RunFolder; RunFolder(None, {str(run.path)!r}).take(); print('held'); input()"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(UserError) as refused:
+            RunFolder(tmp_path, run.path).take()
+        assert str(refused.value) == (
+            f"{run.path} is being trained by another process right now (it holds the run's lock). Wait for it to"
+            " end, or start a new run (without --ckpt_path last)."
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    RunFolder(tmp_path, run.path).take()  # the lock went with the process that held it
+
+
+def test_three_runs_started_at_once_in_one_folder_get_three_folders_each_with_its_own_settings(data_dir, tmp_path):
+    commands = [
+        [sys.executable, "train.py", "fit", *one_process(data_dir, tmp_path), "--model.optimizer.lr", lr]
+        for lr in ("0.001", "0.002", "0.003")
+    ]
+    runs = [subprocess.Popen(c, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands]
+    for run in runs:
+        assert run.wait(timeout=240) == 0, run.stderr.read()[-3000:]
+    folders = sorted((tmp_path / "SeqNet-mnist").iterdir())
+    assert [folder.name for folder in folders] == ["version_0", "version_1", "version_2"]
+    learning_rates = set()
+    for folder in folders:
+        recorded = yaml.safe_load((folder / "config.yaml").read_text())["model"]["init_args"]["optimizer"]
+        trained = last_checkpoint(folder)["hyper_parameters"]["optimizer"]
+        assert recorded["init_args"]["lr"] == trained["init_args"]["lr"]
+        learning_rates.add(recorded["init_args"]["lr"])
+    assert learning_rates == {0.001, 0.002, 0.003}
+
+
+# 2. Continuing a run continues that run, with what the command changes said in one line
+
+
+@pytest.fixture(scope="module")
+def adadelta_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TinyNet trained for one epoch with Adadelta and a constant learning rate, as the CNN tutorial does."""
+    root = tmp_path_factory.mktemp("adadelta")
+    recipe = ("--model.optimizer", "Adadelta", "--model.optimizer.lr", "0.5", "--model.one_cycle", "false")
+    result = run_train("fit", *one_process(data_dir, root, *TINY, *recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def copy_of(root: Path, tmp_path: Path) -> Path:
+    shutil.copytree(root, tmp_path, dirs_exist_ok=True)
+    return tmp_path / "TinyNet-mnist" / "version_0"
+
+
+def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_folder(data_dir, tmp_path, adadelta_run):
+    run = copy_of(adadelta_run, tmp_path)
+    started = (run / "config.yaml").read_text()
+    # The README's second line: the model and the dataset named, the optimizer left to its default (Adam), and more
+    # epochs: Adam cannot take Adadelta's state (KeyError: 'betas' before), so it starts afresh.
+    args = ("--model.optimizer", "Adam", "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    said = [line for line in output.splitlines() if line.startswith("--ckpt_path last: continuing")]
+    assert said == [
+        f"--ckpt_path last: continuing {run}, from checkpoints/last.ckpt (step 20, epoch 0); changed:"
+        " --trainer.max_epochs 1 -> 2, --model.optimizer Adadelta -> Adam (lr 0.5)."
+    ]
+    assert "Continuing at step 20: Adam starts afresh (the checkpoint's state does not fit it)" in output
+    assert [folder.name for folder in run.parent.iterdir()] == ["version_0"]
+    assert (run / "config.yaml").read_text() == started  # the record of how it was started stays
+    continued = (run / "config-continued-1.yaml").read_text()
+    assert continued.startswith(f"# Continued {run}, from checkpoints/last.ckpt (step 20, epoch 0)\n# Changed: ")
+    assert yaml.safe_load(continued)["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.Adam"
+    final = last_checkpoint(run)
+    assert final["global_step"] == 40
+    assert "exp_avg" in final["optimizer_states"][0]["state"][0]  # Adam's state now
+    # Another learning rate (Adam took Adadelta's 0.5): Adam keeps its moments, and trains with the new rate.
+    args = ("--model.optimizer.lr", "0.02", "--trainer.max_epochs", "3", "--ckpt_path", "last")
+    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "changed: --trainer.max_epochs 2 -> 3, --model.optimizer.lr 0.5 -> 0.02." in result.stderr
+    assert "Continuing at step 40: Adam keeps its state and takes the command's settings" in result.stderr
+    assert last_checkpoint(run)["optimizer_states"][0]["param_groups"][0]["lr"] == 0.02
+
+
+def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_second_continuation_keeps_it(
+    data_dir, tmp_path
+):
+    result = run_train("fit", *one_process(data_dir, tmp_path, max_epochs=1))  # 20 steps of 50 samples
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    # Two more epochs, of 40 steps of 25 samples: "Tried to step 21 times" before.
+    extended = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=3, batch_size=25))
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    output = extended.stdout + extended.stderr
+    assert "changed: --trainer.max_epochs 1 -> 3, --data.batch_size 50 -> 25." in output
+    assert "the one-cycle schedule is planned over 100 steps (it was 20), from here, peaking at learning rate 0.01" in (
+        output
+    )
+    final = last_checkpoint(run)
+    schedule, group = final["lr_schedulers"][0], final["optimizer_states"][0]["param_groups"][0]
+    assert final["global_step"] == schedule["total_steps"] == schedule["last_epoch"] == 100  # the cycle, whole
+    assert group["lr"] < group["max_lr"] / 1000  # annealed to its end
+    # Continued again, unchanged: the run's newest settings (3 epochs) are the defaults; nothing is said changed.
+    again = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=None, batch_size=None))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"--ckpt_path last: continuing {run}, from checkpoints/last.ckpt (step 100, epoch 2)." in again.stderr
+    assert sorted(path.name for path in run.glob("config*.yaml")) == [
+        "config-continued-1.yaml",
+        "config-continued-2.yaml",
+        "config.yaml",
+    ]
+
+
+def test_a_changed_model_setting_is_named_in_one_line_and_the_run_stays_as_it_was(data_dir, tmp_path, adadelta_run):
+    run = copy_of(adadelta_run, tmp_path)
+    before = folder_hashes(run)
+    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, "--model.width", "16", "--ckpt_path", "last"))
+    line = one_error_line(result)
+    assert line == (
+        f"error: --model.width 16 does not fit the run it continues: {run} was built with --model.width 8. A run"
+        " continues with the model and data it was started with: leave --model.width out (the run's settings,"
+        f" {run / 'config.yaml'}, are the defaults), or train a new run without --ckpt_path."
+    )
+    assert folder_hashes(run) == before  # byte for byte
+    # The same weights tested as a checkpoint file: the setting that makes them not fit is named, not a size
+    # mismatch cut mid-word.
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    test = ("test", "--ckpt_path", str(checkpoint))
+    result = run_train(*test, *one_process(data_dir, tmp_path, "--model.width", "16", model=None))
+    assert one_error_line(result) == (
+        f"error: --ckpt_path {checkpoint} holds the weights of another TinyNet than --model.width 16 (the"
+        " checkpoint's: 8) builds. Leave --model.width out: the checkpoint's settings are the defaults."
+    )
+    assert folder_hashes(run) == before
+
+
+def test_what_a_command_changes_is_each_option_once_and_a_new_class_without_its_arguments():
+    before = {
+        "trainer": {"max_epochs": 1, "devices": "auto"},
+        "model": {
+            "class_path": "models.ConvNet",
+            "init_args": {"optimizer": {"class_path": "torch.optim.Adadelta", "init_args": {"rho": 0.9}}},
+        },
+        "ckpt_path": None,
+    }
+    after = {
+        "trainer": {"max_epochs": 3, "devices": "auto"},
+        "model": {
+            "class_path": "models.ConvNet",
+            "init_args": {"optimizer": {"class_path": "torch.optim.Adam", "init_args": {"betas": [0.9, 0.999]}}},
+        },
+        "ckpt_path": "last",
+    }
+    assert list(map(str, changes_between(before, after))) == [
+        "--trainer.max_epochs 1 -> 3",
+        "--model.optimizer Adadelta -> Adam",  # its arguments are not listed; a learning rate would be
+    ]
+
+
+# 3. Outputs never overwrite outputs
+
+
+def test_two_predicts_of_one_checkpoint_keep_both_and_an_explicit_file_is_never_overwritten(
+    checkpoint, data_dir, tmp_path
+):
+    best, _ = checkpoint
+    run = tmp_path / "runs" / "SeqNet-mnist" / "version_0"
+    shutil.copytree(best.parents[1], run)
+    argv = ("predict", "--ckpt_path", str(run / "checkpoints" / best.name), "--data.data_dir", str(data_dir))
+    argv += ("--trainer.accelerator", "cpu")
+    written = []
+    for _ in range(2):
+        result = run_train(*argv)
+        assert result.returncode == 0, result.stderr[-3000:]
+        last_line = (result.stdout + result.stderr).strip().splitlines()[-1]
+        assert last_line.startswith("Predictions: ")
+        written.append(Path(last_line.removeprefix("Predictions: ")))
+    assert written[0] != written[1] and all(path.parents[1] == run / "predict" for path in written)
+    assert written[0].read_bytes() == written[1].read_bytes()  # the first is still there, whole
+    mine = tmp_path / "mine.csv"
+    mine.write_text("an earlier file\n")
+    refused = run_train(*argv, "--predictions.path", str(mine))
+    assert one_error_line(refused).startswith(f"error: --predictions.path {mine}: {mine} exists already")
+    assert mine.read_text() == "an earlier file\n"
+
+
+def test_a_test_with_an_explicit_root_writes_there_and_each_test_has_a_folder_of_its_own(
+    checkpoint, data_dir, tmp_path
+):
+    best, _ = checkpoint
+    argv = ("test", "--ckpt_path", str(best), "--data.data_dir", str(data_dir), "--trainer.accelerator", "cpu")
+    for n in (0, 1):
+        result = run_train(*argv, "--trainer.default_root_dir", str(tmp_path / "eval"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        last_line = (result.stdout + result.stderr).strip().splitlines()[-1]
+        assert last_line == f"Logs: {tmp_path / 'eval' / 'SeqNet-mnist' / 'test' / f'version_{n}'}"
+
+
+# 4. Open-ended runs
+
+
+def test_an_open_ended_run_trains_until_its_step_limit_and_says_what_its_learning_rate_does(data_dir, tmp_path):
+    result = run_train("fit", *one_process(data_dir, tmp_path, "--trainer.max_steps", "15", max_epochs=-1))
+    assert result.returncode == 0, result.stderr[-3000:]  # one-cycle over the 15 steps
+    assert last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["global_step"] == 15
+    endless = run_train("fit", *one_process(data_dir, tmp_path, "--trainer.max_time", "00:00:00:03", max_epochs=-1))
+    assert endless.returncode == 0, endless.stderr[-3000:]
+    assert "learning rate 0.01, constant: the run has no set end (--trainer.max_epochs -1)" in endless.stderr
