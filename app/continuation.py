@@ -24,6 +24,9 @@ from app.run_folder import is_run, last_checkpoint_of, newest_record, newest_run
 LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
 NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train
 WHERE = {"--trainer.default_root_dir"}  # where the runs are: found already, and no change of how the run trains
+# The data a run trains and validates on: the dataset and its train/validation split. A continued run keeps them, so
+# that its curves compare like with like and an interrupted epoch gives each of its samples once.
+DATA_OF_THE_RUN = {"--data.dataset", "--data.val_size", "--data.val_split_seed"}
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ def _continue(run: Path, root: Path) -> Start:
         return Start(checkpoint, contents, run, settings=_settings_of_checkpoint(contents))
     settings = yaml.safe_load(record.read_text())
     settings = {key: value for key, value in settings.items() if key not in NOT_COMPARED}
+    (settings.get("trainer") or {}).pop("default_root_dir", None)  # where the run was: this command says where it is
     return Start(checkpoint, contents, run, record, settings)
 
 
@@ -141,13 +145,13 @@ def changes_between(before: dict, after: dict) -> list[Change]:
 def _differences(before: Any, after: Any, option: str) -> list[Change]:
     if before == after:
         return []
+    if _is_class(before) or _is_class(after):  # a class and its arguments, or null
+        if _class_of(before) != _class_of(after):
+            # The new class's learning rate, which jsonargparse carries over from the old class when both take one
+            lr = (after.get("init_args") or {}).get("lr") if _is_class(after) else None
+            return [Change(option, _class_of(before), _class_of(after), lr)]
+        before, after = before.get("init_args") or {}, after.get("init_args") or {}
     if isinstance(before, dict) and isinstance(after, dict):
-        if "class_path" in before or "class_path" in after:
-            if before.get("class_path") != after.get("class_path"):
-                # The new class's learning rate, which jsonargparse carries over from the old class when both take one
-                lr = (after.get("init_args") or {}).get("lr")
-                return [Change(option, before.get("class_path"), after.get("class_path"), lr)]
-            before, after = before.get("init_args") or {}, after.get("init_args") or {}
         separator = "." if option != "-" else "-"
         return [
             change
@@ -167,6 +171,14 @@ def model_changes(changes: list[Change], training_settings: tuple[str, ...]) -> 
     ]
 
 
+def _is_class(value: Any) -> bool:
+    return isinstance(value, dict) and "class_path" in value
+
+
+def _class_of(value: Any) -> Any:
+    return value["class_path"] if _is_class(value) else value
+
+
 def refuse_another_class(start: Start) -> None:
     """`--model` naming another class than the checkpoint's: one line, whichever way it started."""
     for change in start.changes:
@@ -182,7 +194,7 @@ def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> No
     """A continued run keeps the network it was built with and its dataset: any other change of the model's
     settings (all but `training_settings`, how it trains) ends in one line that names them."""
     changed = model_changes(start.changes, training_settings)
-    changed += [change for change in start.changes if change.option == "--data.dataset"]
+    changed += [change for change in start.changes if change.option in DATA_OF_THE_RUN]
     if not changed:
         return
     said = " and ".join(f"{change.option} {_shown(change.after)}" for change in changed)
@@ -214,7 +226,7 @@ def refuse_weights_that_do_not_fit(model: nn.Module, start: Start, training_sett
         name = mismatched[0]
         what = f"{name} is {list(saved[name].shape)} there but {list(expected[name].shape)} in the model"
     else:
-        what = f"{'missing: ' + missing[0] if missing else 'not in the model: ' + unexpected[0]}"
+        what = f"missing: {missing[0]}" if missing else f"not in the model: {unexpected[0]}"
     more = len(mismatched) + len(missing) + len(unexpected) - 1
     raise UserError(
         f"--ckpt_path {start.checkpoint} does not fit {model_name} as this code builds it ({what}"

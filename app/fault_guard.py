@@ -12,6 +12,7 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -60,8 +61,8 @@ class FaultGuard(Callback):
     job, which SLURM then stops with SIGTERM. After another signal all save `last.ckpt` there, in the middle of the
     epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
     which train.py turns into exit status 128 + the signal. `--ckpt_path last` continues from the next sample. A
-    second Ctrl-C stops at once. A signal that arrives after training (during the test) lets that short stage
-    finish; Ctrl-C there, or before training (while the processes meet), stops at once, with status 130.
+    second Ctrl-C stops at once. Outside training (a test, a validation, a prediction: nothing there to keep) and
+    before it (while the processes meet), a stop signal stops at once, with its status (130, 143).
 
     The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
     `TrainingDiverged` there, before `last.ckpt` would be overwritten with the diverged weights. The loss stays on
@@ -118,6 +119,8 @@ class FaultGuard(Callback):
         launcher = self._trainer.strategy.launcher  # only in the process that started the others
         if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None and self.stop_signal is None:
             launcher.kill(signum)
+        if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
+            raise StoppedBySignal(signum)
         self.stop_signal = self.stop_signal or signum
 
     def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:

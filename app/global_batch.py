@@ -18,6 +18,13 @@ class GlobalBatchInfo(Callback):
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.first_batch = True
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        """At the first batch, once a continued run's schedule is planned (app/replan.py)."""
+        if not getattr(self, "first_batch", False):
+            return
+        self.first_batch = False
         per_device = trainer.datamodule.hparams.batch_size
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
@@ -25,12 +32,15 @@ class GlobalBatchInfo(Callback):
         # A continued run's one-cycle schedule counts the steps it took before at their size (app/replan.py).
         cycles = [c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, OneCycleLR)]
         total = cycles[0].total_steps if cycles else trainer.estimated_stepping_batches
-        if "max_lr" in group:
+        if cycles:
             lr = f"peak learning rate {group['max_lr']:g} (one-cycle)"
-        elif math.isfinite(total) or trainer.lr_scheduler_configs:
+        elif math.isfinite(total) or trainer.lr_scheduler_configs or not pl_module.hparams.get("one_cycle"):
             lr = f"learning rate {group['lr']:g}"
-        else:  # the one-cycle schedule needs an end to plan for (models/base.py)
-            lr = f"learning rate {group['lr']:g}, constant: the run has no set end (--trainer.max_epochs -1)"
+        else:  # the one-cycle schedule needs a number of steps to plan for (models/base.py)
+            lr = (
+                f"learning rate {group['lr']:g}, constant: the run's number of steps is open (--trainer.max_epochs -1"
+                " without --trainer.max_steps), so there is no one-cycle schedule to plan"
+            )
         in_the_run = f", {total} in the run" if math.isfinite(total) else ""
         rank_zero_info(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes"

@@ -213,8 +213,10 @@ def ctrl_c_ends_the_meeting() -> Iterator[None]:
     The wait for the other processes happens inside `init_process_group` (torch's C++ code), where Python's handler
     of Ctrl-C does not run until the wait is over: up to the process-group timeout, 30 minutes by default, when a
     node never comes. Python still notes the signal at once in a file descriptor (`signal.set_wakeup_fd`), which a
-    thread watches here. Once the processes have met, Ctrl-C is FaultGuard's (`app/fault_guard.py`): it stops every
-    rank at the same step. SIGTERM needs nothing of this: its default action ends a waiting process at once.
+    thread watches here. It acts only while the processes have not met, where Ctrl-C still has Python's own handler
+    (a strategy without a process group never meets: there FaultGuard's handler, `app/fault_guard.py`, stops the
+    training gracefully), and only when the main thread has not stopped by itself a second later. SIGTERM needs
+    nothing of this: its default action ends a waiting process at once.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -239,9 +241,12 @@ def _end_on_ctrl_c(wakeup: int, done: threading.Event) -> None:
     while not done.is_set() and not _met():
         if not select.select([wakeup], [], [], 0.5)[0]:
             continue
-        if signal.SIGINT in os.read(wakeup, 512) and not _met():
-            threading.main_thread().join(timeout=1)  # in Python, the main thread stops by itself (and so the process)
-            _end_job(128 + signal.SIGINT)
+        pressed = signal.SIGINT in os.read(wakeup, 512)
+        if pressed and not _met() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            main = threading.main_thread()
+            main.join(timeout=1)  # in Python, the main thread stops by itself, and the process with it
+            if main.is_alive():  # stuck in C code: init_process_group
+                _end_job(128 + signal.SIGINT)
 
 
 def wait_for_the_meeting_place() -> None:
@@ -272,20 +277,18 @@ def wait_for_the_others(processes: list[subprocess.Popen]) -> None:
 
     A process that failed after the processes met has usually said why itself (exit status 1: `app/report.py`);
     one killed by a signal or ended with another status (an abort at exit, say) is named here. A process that has
-    not ended `EXIT_GRACE_S` seconds after this one's work is named and killed. Ctrl-C stops the wait."""
-    failed = None
-    for local_rank, process in enumerate([*STARTED, *processes], start=1):
-        try:
-            status = process.wait(timeout=NOTICE_AFTER_S)
-        except subprocess.TimeoutExpired:
-            print(f"Waiting for the process of local rank {local_rank} (pid {process.pid}) to end.", flush=True)
-            try:
-                status = process.wait(timeout=EXIT_GRACE_S - NOTICE_AFTER_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                status = None
-        if status != 0 and failed is None:
-            failed = local_rank, process, status
+    not ended `EXIT_GRACE_S` seconds after this one's work is named and killed. Ctrl-C ends the wait, and them."""
+    failed, children = None, [*STARTED, *processes]
+    try:
+        for local_rank, process in enumerate(children, start=1):
+            status = _wait_for(local_rank, process)
+            if status != 0 and failed is None:
+                failed = local_rank, process, status
+    except KeyboardInterrupt:
+        for process in children:
+            process.kill()
+            process.wait()
+        sys.exit(128 + signal.SIGINT)
     if failed is None:
         return
     local_rank, process, status = failed
@@ -300,6 +303,20 @@ def wait_for_the_others(processes: list[subprocess.Popen]) -> None:
             flush=True,
         )
     sys.exit(1)
+
+
+def _wait_for(local_rank: int, process: subprocess.Popen) -> int | None:
+    """The exit status of `process`, saying so if it takes more than a few seconds; None if it had to be killed."""
+    try:
+        return process.wait(timeout=NOTICE_AFTER_S)
+    except subprocess.TimeoutExpired:
+        print(f"Waiting for the process of local rank {local_rank} (pid {process.pid}) to end.", flush=True)
+    try:
+        return process.wait(timeout=EXIT_GRACE_S - NOTICE_AFTER_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return None
 
 
 def take_the_word() -> None:

@@ -2,7 +2,6 @@
 the run's record of its settings."""
 
 from argparse import Namespace
-from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
@@ -13,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams
 from typing_extensions import override
 
-from app.run_folder import RunFolder, next_record_name
+from app.run_folder import CHECKPOINTS, RunFolder, next_record_name
 
 HPARAMS_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")
 HPARAMS_SECTIONS = ("model", "data", "trainer", "seed_everything")  # of the CLI config; callbacks' stay in config.yaml
@@ -39,9 +38,11 @@ class TensorBoardLogger(LightningTensorBoardLogger):
 
     @override
     def _get_next_version(self) -> int | str:
-        if self.run is not None and self.run.version is not None:
-            return self.run.version
-        return super()._get_next_version()
+        if self.run is None:
+            return super()._get_next_version()
+        if rank_zero_only.rank == 0:  # after the processes met, when Lightning first asks for the folder
+            self.run.claim()
+        return self.run.version if self.run.version is not None else super()._get_next_version()
 
     @override
     @rank_zero_only
@@ -92,7 +93,11 @@ class LogConfigCallback(SaveConfigCallback):
         if self.already_saved:
             return
         if trainer.is_global_zero:
-            path = Path(self.run.path) / next_record_name(Path(self.run.path))
+            folder = self.run.claim()
+            if not trainer.loggers:  # --trainer.logger false: the checkpoints in the run's folder all the same
+                for callback in trainer.checkpoint_callbacks:  # set up after this callback, Lightning broadcasts
+                    callback.dirpath = callback.dirpath or str(folder / CHECKPOINTS)  # rank 0's dirpath
+            path = folder / next_record_name(folder, self.run.continued)
             comment = "".join(f"# {line}\n" for line in self.header.splitlines())
             with path.open("x") as record:  # "x": fails rather than overwrite
                 record.write(comment + self.parser.dump(self.config, skip_none=False))

@@ -57,7 +57,7 @@ class PredictionWriter(BasePredictionWriter):
         path = self.chosen_path()
         if path is None:
             # the run's folder on rank 0; else Lightning's `trainer.log_dir`, a broadcast from rank 0: every rank asks
-            folder = self.run.path if self.run is not None else trainer.log_dir or trainer.default_root_dir
+            folder = self.run.claim() if self.run is not None else trainer.log_dir or trainer.default_root_dir
             path = Path(folder or ".") / CSV_NAME
         rows = {key: torch.cat([batch[key] for batch in predictions]) for key in predictions[0]} if predictions else {}
         rows["index"] = torch.tensor([index for batch in batch_indices[0] for index in batch], dtype=torch.long)

@@ -24,9 +24,6 @@ def silence_noise(subcommand: str | None) -> None:
     # one the checkpoint was saved in does not matter (Lightning warns once per process).
     if subcommand in ("validate", "test", "predict"):
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
-    # A continued run writes into its own checkpoint folder, which holds its checkpoints by design; a new run's
-    # folder is new (app/run_folder.py), so the warning never has anything to say.
-    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     # An advertisement for a hosted logging service, printed by every Trainer.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DropAdvertisement())
@@ -41,6 +38,12 @@ for line in sys.stdin.buffer:
         sys.stderr.buffer.write(line)
         sys.stderr.buffer.flush()
 """
+
+
+def silence_a_continuation() -> None:
+    """A continued run writes into its own checkpoint folder, which holds its checkpoints by design: Lightning's
+    warning that the folder is not empty has nothing to say then (elsewhere it does)."""
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
 def silence_the_shutdown() -> None:

@@ -6,11 +6,14 @@ for a run continued unchanged, and wrong for any other: the one-cycle schedule k
 is handed the state of the old one (`KeyError: 'betas'` from Adam given Adadelta's), and a new learning rate is
 replaced by the checkpoint's. What this callback does instead, deciding per case:
 
-- The optimizer keeps its state (moments, step counts) when the checkpoint's fits it (the same algorithm), and takes
-  the command's settings (learning rate, betas, weight decay) from the next step. One whose state does not fit (another
-  algorithm) starts afresh; the weights, the epoch and the data position continue.
-- The one-cycle schedule is planned again, over the run's total as the command now sets it, at the step the run has
-  reached, peaking at the command's learning rate. For a run continued unchanged that is the schedule it had.
+- The optimizer keeps its state (moments, step counts) when the checkpoint's fits it: the same algorithm, with the
+  same switches (`amsgrad`, `nesterov`, `fused`, ...: a setting that is not a number). It takes the command's numbers
+  (learning rate, betas, weight decay) from the next step. One whose state does not fit starts afresh; the weights,
+  the epoch and the data's position continue.
+- The one-cycle schedule the model plans over the run (models/base.py) is planned again over the run's steps as they
+  now stand, at the step the run has reached, peaking at the command's learning rate. For a run continued unchanged
+  that is the schedule it had. Without one (`--model.one_cycle false`, or a run without a set end), the learning
+  rate is the command's, constant.
 - A scheduler given with `--model.lr_scheduler` continues as saved when neither it nor the optimizer changed, and
   starts from its beginning otherwise.
 
@@ -34,7 +37,14 @@ class ReplanOnResume(Callback):
     """Continue a checkpoint's training with the optimizer settings and learning-rate schedule of the command."""
 
     def __init__(self) -> None:
-        self.checkpoint: dict | None = None
+        self.checkpoint: dict | None = None  # the checkpoint being restored, until training starts
+        self.fresh_groups: list[list[dict]] = []  # the optimizers' settings as the command makes them
+        self.restarted: list[bool] = []  # per optimizer: its state did not fit, it starts afresh
+        self.planned_before: list[int | None] = []  # per saved scheduler: the steps a one-cycle one planned for
+        self.keep_schedulers = True  # neither the optimizer nor its schedule changed: Lightning's restore stands
+        self.batches_done = 0  # of the epoch the run continues inside, before it stopped
+        self.said: list[str] = []  # what changed, said at the first batch
+        self.first_batch = False  # the next batch is the first after the checkpoint
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         # Before the optimizers exist; Lightning loads their states from this same dictionary after `on_fit_start`.
@@ -56,36 +66,37 @@ class ReplanOnResume(Callback):
                 saved_optimizers[index] = trainer.optimizers[index].state_dict()
         self.planned_before = [saved.get("total_steps") for saved in saved_schedulers]
         plan_changed = _plan_of(self.checkpoint.get("hyper_parameters", {})) != _plan_of(pl_module.hparams)
+        plan_changed |= len(saved_schedulers) != len(trainer.lr_scheduler_configs)  # a one-cycle schedule, or none
         self.keep_schedulers = not plan_changed and not any(self.restarted)
         for index, config in enumerate(trainer.lr_scheduler_configs[: len(saved_schedulers)]):
             if isinstance(config.scheduler, OneCycleLR) or not self.keep_schedulers:
                 saved_schedulers[index] = config.scheduler.state_dict()  # planned again in `on_train_start`
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """The checkpoint's states are loaded: give the optimizers the command's settings, bring the one-cycle
-        schedule to the step the run has reached, and say what changed."""
+        """The checkpoint's states are loaded: give the optimizers the command's settings (before anything reads
+        them), and note how far into its epoch the run is, for the first batch."""
         if self.checkpoint is None:
             return
-        self.saved_epoch = self.checkpoint.get("epoch")
-        self.checkpoint = None  # its tensors are in the optimizers now; nothing else needs it
-        step, said = trainer.global_step, []
-        if not self.keep_schedulers or any(isinstance(c.scheduler, OneCycleLR) for c in trainer.lr_scheduler_configs):
-            changed, scheduled = False, bool(trainer.lr_scheduler_configs)
-            for optimizer, fresh_groups in zip(trainer.optimizers, self.fresh_groups, strict=True):
-                for group, fresh in zip(optimizer.param_groups, fresh_groups, strict=True):
-                    changed |= _settings(group, scheduled) != _settings(fresh, scheduled)
-                    group.update(fresh)
-            if any(self.restarted):
-                said.append(f"{_name(trainer.optimizers[0])} starts afresh (the checkpoint's state does not fit it)")
-            elif changed:
-                said.append(f"{_name(trainer.optimizers[0])} keeps its state and takes the command's settings")
+        saved_epoch, self.checkpoint = self.checkpoint.get("epoch"), None  # its tensors are in the optimizers now
+        inside = trainer.current_epoch == saved_epoch  # else it was saved at an epoch's end: the next one starts
+        self.batches_done = trainer.fit_loop.epoch_loop.batch_progress.current.ready if inside else 0
+        cycles = [isinstance(config.scheduler, OneCycleLR) for config in trainer.lr_scheduler_configs]
+        self.said = self._give_the_commands_settings(trainer) if not self.keep_schedulers or any(cycles) else []
+        self.first_batch = True
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        """Before the first step after the checkpoint: plan the schedule (the sampler knows now how much of the
+        epoch is left), bring it to the step the run has reached, and say what changed."""
+        if not self.first_batch:
+            return
+        self.first_batch, step, said = False, trainer.global_step, self.said
         for index, config in enumerate(trainer.lr_scheduler_configs):
             if _planned_over_the_run(config.scheduler, pl_module, trainer):
-                config.scheduler = _one_cycle_over(config.scheduler, _steps_in_the_run(trainer, self.saved_epoch))
+                config.scheduler = _one_cycle_over(config.scheduler, _steps_in_the_run(trainer, self.batches_done))
             scheduler = config.scheduler
+            before = self.planned_before[index] if index < len(self.planned_before) else None
             if isinstance(scheduler, OneCycleLR) and step <= scheduler.total_steps:
                 _bring_to_step(scheduler, step)
-                before = self.planned_before[index] if index < len(self.planned_before) else None
                 if before != scheduler.total_steps or not self.keep_schedulers:
                     peak = scheduler.optimizer.param_groups[0]["max_lr"]
                     said.append(
@@ -94,18 +105,38 @@ class ReplanOnResume(Callback):
                     )
             elif not self.keep_schedulers and not isinstance(scheduler, OneCycleLR):
                 said.append(f"{type(scheduler).__name__} starts from its beginning")
+        if not trainer.lr_scheduler_configs and len(self.planned_before) > 0:
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
+            said.append(f"no learning-rate schedule from here: the rate stays at {lr:g}")
         if said:
             rank_zero_info(f"Continuing at step {step}: {'; '.join(said)}; the weights continue.")
+
+    def _give_the_commands_settings(self, trainer: Trainer) -> list[str]:
+        """Every parameter group takes the command's settings (and loses what an old schedule wrote there)."""
+        changed, scheduled = False, bool(trainer.lr_scheduler_configs)
+        for optimizer, fresh_groups in zip(trainer.optimizers, self.fresh_groups, strict=True):
+            for group, fresh in zip(optimizer.param_groups, fresh_groups, strict=True):
+                changed |= _settings(group, scheduled) != _settings(fresh, scheduled)
+                for key in set(group) - set(fresh) - {"params"}:
+                    del group[key]
+                group.update(fresh)
+        name = type(trainer.optimizers[0]).__name__
+        if any(self.restarted):
+            return [f"{name} starts afresh (the checkpoint's state does not fit it)"]
+        return [f"{name} keeps its state and takes the command's settings"] if changed else []
 
 
 def _state_fits(optimizer: Optimizer, saved: dict) -> bool:
     """Whether `saved` is the state of the same algorithm over the same parameters: its parameter groups hold the
-    same settings (by name) and as many parameters."""
+    same settings by name, the same switches (settings that are not numbers: `amsgrad` adds a moment to the state,
+    `fused` and `capturable` keep its step counts elsewhere), and as many parameters."""
     groups = saved.get("param_groups", [])
     if len(groups) != len(optimizer.param_groups):
         return False
     return all(
-        len(group["params"]) == len(old["params"]) and _settings(group).keys() == _settings(old).keys()
+        len(group["params"]) == len(old["params"])
+        and _settings(group).keys() == _settings(old).keys()
+        and _switches(group) == _switches(old)
         for group, old in zip(optimizer.param_groups, groups, strict=True)
     )
 
@@ -117,16 +148,16 @@ def _settings(group: dict, scheduled: bool = True) -> dict:
     return {key: value for key, value in group.items() if key != "params" and key not in left_out}
 
 
+def _switches(group: dict) -> dict:
+    return {key: value for key, value in _settings(group).items() if value is None or isinstance(value, bool | str)}
+
+
 def _without_params(group: dict) -> dict:
     return {key: value for key, value in group.items() if key != "params"}
 
 
 def _plan_of(hparams) -> dict:
     return {key: hparams.get(key) for key in PLAN}
-
-
-def _name(optimizer: Optimizer) -> str:
-    return type(optimizer).__name__
 
 
 def _planned_over_the_run(scheduler: object, pl_module: LightningModule, trainer: Trainer) -> bool:
@@ -136,18 +167,24 @@ def _planned_over_the_run(scheduler: object, pl_module: LightningModule, trainer
     return bool(own) and isinstance(scheduler, OneCycleLR) and scheduler.total_steps == planned
 
 
-def _steps_in_the_run(trainer: Trainer, saved_epoch: int | None) -> float:
+def _steps_in_the_run(trainer: Trainer, batches_done: int) -> float:
     """The optimizer steps of the whole run: those taken, and those its settings leave to take now.
 
     Lightning's `estimated_stepping_batches` counts every epoch at the steps per epoch of now; a run continued with
-    another batch size took its steps so far at the old one. The batches of the epoch the checkpoint was saved in
-    count only when the run continues inside that epoch (one saved at an epoch's end continues with the next)."""
-    accumulated = trainer.accumulate_grad_batches
+    another batch size took its steps so far at the old one, and continues its epoch with what was left of it, which
+    the training sampler knows (`datamodules/sampler.py`; Lightning runs the epoch until the sampler has given it
+    all, or `--trainer.limit_train_batches` batches have been counted)."""
+    accumulated, loader = trainer.accumulate_grad_batches, trainer.train_dataloader
+    counted = trainer.num_training_batches - batches_done  # as Lightning counts the batches of the epoch
+    if hasattr(loader.sampler, "indices_in_pass"):
+        batches = math.ceil(loader.sampler.indices_in_pass() / loader.batch_size)
+        batches = min(batches, counted) if trainer.limit_train_batches not in (None, 1.0) else batches
+    else:
+        batches = counted
     per_epoch = math.ceil(trainer.num_training_batches / accumulated)
-    inside = trainer.current_epoch == saved_epoch
-    done_in_epoch = math.ceil(trainer.fit_loop.epoch_loop.batch_progress.current.ready / accumulated) if inside else 0
-    left = (trainer.max_epochs - trainer.current_epoch) * per_epoch - done_in_epoch
-    by_epochs = trainer.global_step + left if trainer.max_epochs not in (None, -1) else math.inf
+    later_epochs = (trainer.max_epochs - trainer.current_epoch - 1) * per_epoch
+    by_epochs = trainer.global_step + math.ceil(batches / accumulated) + later_epochs
+    by_epochs = by_epochs if trainer.max_epochs not in (None, -1) else math.inf
     return min(by_epochs, trainer.max_steps if trainer.max_steps != -1 else math.inf)
 
 
@@ -156,9 +193,8 @@ def _one_cycle_over(scheduler: OneCycleLR, total: float) -> OneCycleLR:
     if not math.isfinite(total) or total == scheduler.total_steps:
         return scheduler
     peaks = [group["max_lr"] for group in scheduler.optimizer.param_groups]
-    return OneCycleLR(
-        scheduler.optimizer, max_lr=peaks, total_steps=int(total), cycle_momentum=scheduler.cycle_momentum
-    )
+    cycle_momentum = scheduler.cycle_momentum
+    return OneCycleLR(scheduler.optimizer, max_lr=peaks, total_steps=int(total), cycle_momentum=cycle_momentum)
 
 
 def _bring_to_step(scheduler: OneCycleLR, step: int) -> None:

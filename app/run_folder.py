@@ -16,9 +16,11 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 from pathlib import Path
 
 import yaml
+from lightning.pytorch import Callback
 
 from app.errors import UserError
 
@@ -33,15 +35,21 @@ def run_name(model_class_path: str, dataset: str) -> str:
     return f"{model_class_path.rsplit('.', 1)[-1]}-{dataset}"
 
 
-class RunFolder:
+class RunFolder(Callback):
     """The folder a run (or an evaluation) writes into: a new `version_N` of `parent`, or an existing run that it
-    continues. Global rank 0 claims or takes it before the processes start training; the other ranks never touch it
-    (Lightning broadcasts rank 0's folders to them)."""
+    continues. Global rank 0 takes a run it continues before the processes meet (a lock, nothing written), and claims
+    a new folder once they have met, when the first file is about to be written: a command refused before, or
+    stopped while it waits for a node, leaves nothing behind. The other ranks never touch it (Lightning broadcasts
+    rank 0's folders to them). As a callback of the Trainer it notes when training starts: what a run that fails
+    before is taken back (`undo`)."""
 
     def __init__(self, parent: Path, path: Path | None = None) -> None:
         self.parent = parent
+        self.trained = False  # a training batch has started
         self.path = path  # known from the start when continuing a run; claimed by `claim` otherwise
+        self.continued = path is not None
         self._lock: int | None = None
+        self._there_before: set[Path] = set()  # what a run that is continued held when this process took it
 
     @property
     def version(self) -> int | str | None:
@@ -52,8 +60,10 @@ class RunFolder:
         return int(number.group(1)) if number else self.path.name
 
     def claim(self) -> Path:
-        """Create the next free `version_N` of `parent` and hold it; safe against any number of processes doing the
-        same at the same moment."""
+        """The folder: a run taken, or the next free `version_N` of `parent`, created and held the first time;
+        safe against any number of processes doing the same at the same moment."""
+        if self.path is not None:
+            return self.path
         self.parent.mkdir(parents=True, exist_ok=True)
         number = max(versions(self.parent), default=-1) + 1
         while True:
@@ -71,14 +81,27 @@ class RunFolder:
         if not self._hold():
             raise UserError(
                 f"{self.path} is being trained by another process right now (it holds the run's lock). Wait for it"
-                " to end, or start a new run (without --ckpt_path last)."
+                " to end, or start a new run."
             )
+        self._there_before = set(self.path.rglob("*"))
 
-    def release(self) -> None:
-        """Let another process take the folder (the end of this process does the same)."""
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.trained = True
+
+    def undo(self) -> None:
+        """Remove what this process wrote (a record of settings, an event file): a run that fails before its first
+        step leaves no folder, and a continuation that does leaves the run as it was."""
+        if self.path is None:
+            return
+        if not self.continued:
+            shutil.rmtree(self.path)
+            self.path = None
+            return
+        for path in sorted(set(self.path.rglob("*")) - self._there_before, key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
 
     def _hold(self) -> bool:
         """Lock the folder for as long as this process lives; False when another process holds it. File systems
@@ -135,15 +158,18 @@ def newest_run_with_a_checkpoint(parent: Path) -> Path | None:
 
 def newest_record(run: Path) -> Path | None:
     """The run's settings as its latest start or continuation recorded them, or None for a run without a record."""
-    continued = [(int(m.group(1)), path) for path in run.iterdir() if (m := CONTINUED_RECORD.fullmatch(path.name))]
+    continued = _continued_records(run)
     if continued:
         return max(continued)[1]
     return run / RECORD if (run / RECORD).is_file() else None
 
 
-def next_record_name(run: Path) -> str:
+def next_record_name(run: Path, continuing: bool) -> str:
     """The name of the record a start (`config.yaml`) or the K-th continuation of the run writes."""
-    if not (run / RECORD).exists():
+    if not continuing:
         return RECORD
-    taken = [int(m.group(1)) for path in run.iterdir() if (m := CONTINUED_RECORD.fullmatch(path.name))]
-    return f"config-continued-{max(taken, default=0) + 1}.yaml"
+    return f"config-continued-{max((n for n, _ in _continued_records(run)), default=0) + 1}.yaml"
+
+
+def _continued_records(run: Path) -> list[tuple[int, Path]]:
+    return [(int(m.group(1)), path) for path in run.iterdir() if (m := CONTINUED_RECORD.fullmatch(path.name))]

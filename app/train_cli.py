@@ -45,6 +45,7 @@ from app.logger import LogConfigCallback, TensorBoardLogger
 from app.parser_messages import shorten
 from app.peers import announce_rendezvous
 from app.predictions import PredictionWriter
+from app.quiet import silence_a_continuation
 from app.replan import ReplanOnResume
 from app.run_folder import CHECKPOINTS, RunFolder, checkpoint_folders, is_run, run_name
 from datamodules import MNISTDataModule
@@ -163,8 +164,9 @@ class TrainCLI(LightningCLI):
             if mistake is not None:
                 raise mistake from None
             raise UserError(  # the settings of an older run, which this code no longer takes
-                f"the settings of {self.start.record or self.start.checkpoint} do not fit this program now"
-                f" ({shorten(str(error), args)}). Give the options that differ on the command line."
+                f"the settings of {self.start.record or self.start.checkpoint} do not fit this program now:"
+                f" {shorten(str(error), args).rstrip('.')}. Start a new run from its weights instead: --ckpt_path"
+                f" {self.start.checkpoint}, with the options you want."
             ) from error
         config = self.config[subcommand]
         if config.trainer.callbacks:  # a callback the run had and the command repeats (`--trainer.callbacks+=`)
@@ -180,16 +182,22 @@ class TrainCLI(LightningCLI):
     def _find_start(self, subcommand: str) -> Start | None:
         config = self.config[subcommand]
         root = Path(config.trainer.default_root_dir or ".")
-        runs_of_model = root / run_name(config.model.class_path, config.data.dataset)
-        return find_start(config.get("ckpt_path"), subcommand, runs_of_model, root)
+        return find_start(config.get("ckpt_path"), subcommand, self._runs_of_model(config), root)
+
+    def _runs_of_model(self, config=None) -> Path:
+        """`<root>/<Model>-<dataset>`: where the runs of this model on this dataset are."""
+        config = config or self.config[self.subcommand]
+        root = Path(config.trainer.default_root_dir or ".")
+        return root / run_name(config.model.class_path, config.data.dataset)
 
     def _start_from_a_file_named_in(self, args: list[str]) -> Start | None:
-        """The checkpoint file `--ckpt_path FILE` names on the command line, read, or None."""
+        """The checkpoint file or run folder `--ckpt_path` names on the command line, read, or None."""
         for index, arg in enumerate(args):
             name, has_value, value = arg.partition("=")
             if name == "--ckpt_path" and (has_value or index + 1 < len(args)):
-                path = value if has_value else args[index + 1]
-                return find_start(path, subcommand_of(args), Path(), Path()) if Path(path).is_file() else None
+                path = Path(value if has_value else args[index + 1])
+                named = path.is_file() or (path.is_dir() and is_run(path))
+                return find_start(str(path), subcommand_of(args), Path(), Path()) if named else None
         return None
 
     def _parse_ckpt_path(self) -> None:
@@ -215,8 +223,13 @@ class TrainCLI(LightningCLI):
         trainer = self.trainer
         meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
         wait_for_the_meeting_place()
-        with self._errors_named_by_option(), meeting, ctrl_c_ends_the_meeting():
-            super()._run_subcommand(subcommand)
+        try:
+            with self._errors_named_by_option(), meeting, ctrl_c_ends_the_meeting():
+                super()._run_subcommand(subcommand)
+        except BaseException:
+            if subcommand == "fit" and self.run is not None and not self.run.trained and trainer.global_rank == 0:
+                self.run.undo()  # a run, or a continuation, that failed or was stopped before its first step
+            raise
 
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:
@@ -257,9 +270,15 @@ class TrainCLI(LightningCLI):
         trainer_config = self._get(self.config_init, "trainer")
         if trainer_config["plugins"] is None:
             kwargs["plugins"] = [AtomicCheckpointIO()]
-        if trainer_config["logger"] in (None, True, False):
+        if trainer_config["logger"] in (None, True, False):  # not a logger of the user's, which has its own folder
             self.run = self._folder_to_write(Path(trainer_config["default_root_dir"] or "."))
-        if trainer_config["logger"] in (None, True):
+        elif self._continuing():
+            raise UserError(
+                f"--ckpt_path {self._get(self.config, 'ckpt_path')} continues {self.start.run} in its folder, where"
+                " --trainer.logger would not write: leave --trainer.logger out to continue the run, or start a new"
+                f" run from its weights with --ckpt_path {self.start.checkpoint}."
+            )
+        if trainer_config["logger"] in (None, True):  # this project's TensorBoard logger, in that folder
             continued = self.run.path
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=self.run.parent.parent,
@@ -276,6 +295,8 @@ class TrainCLI(LightningCLI):
                     header += "\nChanged: " + ", ".join(map(str, self.start.changes))
         self.save_config_kwargs = {"run": self.run, "header": header, "overwrite": False}
         trainer = super().instantiate_trainer(**kwargs)
+        if self.run is not None:
+            trainer.callbacks.append(self.run)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         return trainer
@@ -287,7 +308,7 @@ class TrainCLI(LightningCLI):
         checkpoint outside a run, or when --trainer.default_root_dir names another folder than the one it lies in."""
         if self.subcommand == "fit" and self.start is not None and self.start.run is not None:
             return RunFolder(self.start.run.parent, path=self.start.run)
-        runs_of_model = root / run_name(self._get(self.config, "model.class_path"), self.datamodule.hparams.dataset)
+        runs_of_model = self._runs_of_model()
         if self.subcommand == "fit":
             return RunFolder(runs_of_model)
         base = runs_of_model
@@ -321,8 +342,9 @@ class TrainCLI(LightningCLI):
         anything is written: a refused command leaves every folder as it was. Then global rank 0 takes the folder
         the command writes into."""
         check_launcher(self.trainer)
-        continuing = self.subcommand == "fit" and self.start is not None and self.start.run is not None
-        continuing = continuing and self.run is not None  # else a logger of the user's decides where it writes
+        continuing = self._continuing()
+        if continuing:
+            silence_a_continuation()
         if self.trainer.global_rank == 0 and continuing:
             self.run.take()  # first: a run another process trains is refused before anything else is done
         if self.start is not None:
@@ -333,23 +355,37 @@ class TrainCLI(LightningCLI):
             if self.subcommand == "predict":
                 self._prediction_writer().refuse_an_earlier_file()
         check_data(self.trainer, self.datamodule, stages)
-        if self.trainer.global_rank == 0 and self.run is not None:
-            if continuing:  # what a killed save left, now that the run is this process's
-                for folder in checkpoint_folders(self.run.path):
-                    remove_partial_files(folder)
-            else:
-                self.run.claim()
+        if self.trainer.global_rank == 0 and continuing:  # what a killed save left, now that the run is ours
+            for folder in checkpoint_folders(self.run.path):
+                remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
         CHECKED.set()  # from here, a mistake met by a process train.py started early is that process's own
 
+    def _continuing(self) -> bool:
+        """Whether this command continues a run in its folder (`fit --ckpt_path last`, or a run's folder)."""
+        return self.subcommand == "fit" and self.start is not None and self.start.run is not None
+
+    def _trained_nothing(self) -> bool:
+        return self.trainer.global_step == (self.start.contents.get("global_step", 0) if self.start else 0)
+
     def _check_the_start(self) -> None:
-        """The checkpoint fits the model the command builds, and its global batch the processes there are now."""
+        """The checkpoint fits the model the command builds, and its batches the processes there are now."""
         refuse_weights_that_do_not_fit(self.model, self.start, ImageClassifier.training_settings)
         data_state = self.start.contents.get(type(self.datamodule).__qualname__)
-        if self.subcommand == "fit" and data_state and hasattr(self.datamodule, "batch_size_to_continue"):
-            trainer = self.trainer
-            self.datamodule.batch_size_to_continue(data_state, trainer.world_size, trainer.accumulate_grad_batches)
+        if self.subcommand != "fit" or not data_state or not hasattr(self.datamodule, "batch_size_to_continue"):
+            return
+        trainer, hparams = self.trainer, self.datamodule.hparams
+        chosen = any(change.option == "--data.batch_size" for change in self.start.changes)
+        epoch = self.start.contents.get("epoch", 0)
+        args = (data_state, trainer.world_size, trainer.accumulate_grad_batches, chosen, epoch)
+        batch_size = self.datamodule.batch_size_to_continue(*args)
+        if batch_size != hparams.batch_size:
+            rank_zero_info(
+                f"Continuing a run of {data_state['world_size']} processes on {trainer.world_size}: per-device batch"
+                f" {hparams.batch_size} -> {batch_size}, to keep the global batch of {data_state['global_batch_size']}."
+            )
+            hparams.batch_size = self.config[self.subcommand].data.batch_size = batch_size  # and the run's record
 
     def _say_where_it_starts(self) -> None:
         ckpt_path = self._get(self.config, "ckpt_path")
@@ -370,13 +406,9 @@ class TrainCLI(LightningCLI):
 
     def before_fit(self) -> None:
         check_sync_batchnorm(self.trainer, self._get(self.config, "trainer.sync_batchnorm"))
-        if self._get(self.config, "ckpt_path") == "last" and self.start is None and self.run is not None:
-            rank_zero_info(f"--ckpt_path last: nothing to continue in {self.run.parent}, starting a new run.")
+        if self._get(self.config, "ckpt_path") == "last" and self.start is None:
+            rank_zero_info(f"--ckpt_path last: nothing to continue in {self._runs_of_model()}, starting a new run.")
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
-        if self.run is not None and not self.trainer.loggers:  # --trainer.logger false: checkpoints in the run too
-            for callback in self.trainer.checkpoint_callbacks:
-                if callback.dirpath is None and self.trainer.global_rank == 0:
-                    callback.dirpath = str(self.run.path / CHECKPOINTS)
         if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator):
             # Lightning's `devices="auto"` is one process on a CPU: more would share its cores and run no faster.
             rank_zero_info(
@@ -401,7 +433,7 @@ class TrainCLI(LightningCLI):
         if self.test_after_fit:
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             metrics.update(self.trainer.callback_metrics)
-        if self.start is not None and self.trainer.global_step == self.start.contents.get("global_step"):
+        if self._continuing() and self._trained_nothing():
             rank_zero_info(
                 f"Nothing left to train: the run had reached --trainer.max_epochs {self.trainer.max_epochs} (or"
                 " --trainer.max_steps). Give a larger one to train it further."
@@ -426,7 +458,8 @@ class TrainCLI(LightningCLI):
         if self.trainer.loggers:
             lines.append(f"Dashboard: tensorboard --logdir {self.trainer.logger.save_dir}")
         if self.run is not None:  # claimed by global rank 0, which alone prints
-            lines.append(f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {self.run.path}")
+            if self.run.path is not None:
+                lines.append(f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {self.run.path}")
         elif self.trainer.loggers:  # a logger of the user's: where it writes (a broadcast from rank 0: on every rank)
             lines.append(f"Logs: {self.trainer.log_dir}")
         rank_zero_info("\n".join(lines))

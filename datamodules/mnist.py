@@ -14,8 +14,7 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -266,44 +265,51 @@ class MNISTDataModule(LightningDataModule):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the data: the global batch, so that a run continued on another number of
-        processes takes optimizer steps of the same samples (see `load_state_dict`)."""
+        """What a checkpoint keeps of the data, for a run that continues from it (`batch_size_to_continue`): the
+        samples of one batch and of one optimizer step, over how many processes, and whether the epoch was left in
+        the middle."""
         trainer = self.trainer
         world_size, accumulated = trainer.world_size, trainer.accumulate_grad_batches
-        return {"global_batch_size": self.hparams.batch_size * world_size * accumulated, "world_size": world_size}
+        return {
+            "global_batch_size": self.hparams.batch_size * world_size * accumulated,
+            "world_size": world_size,
+            "batch_size": self.hparams.batch_size,
+            "inside_an_epoch": not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch,
+        }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continuing a checkpoint of N processes on M: keep its global batch by changing the per-device batch.
+    def batch_size_to_continue(
+        self, state: dict[str, Any], world_size: int, accumulated: int, chosen: bool, epoch: int
+    ) -> int:
+        """The per-device batch a run continued from a checkpoint (`state`, of `epoch`) trains with on `world_size`
+        processes; a `DataError` saying why there is none. train.py asks before the run starts (app/train_cli.py),
+        so that a refused continuation changes nothing.
 
-        The training sampler continues an epoch from the number of samples all ranks had taken together, so the
-        optimizer steps after the resume see the same samples as they would have without the stop only if each
-        step takes as many samples as before. Lightning calls this before it builds the training loader.
+        Without a batch size `chosen` for the continuation, the global batch stays as it was on another number of
+        processes too, and so the optimizer steps are made of the samples they would have been made of without the
+        stop. In the middle of an epoch the samples of one batch over all processes must stay as they were, chosen
+        or not: the sampler continues the epoch from the sample it had reached, but Lightning counts the epoch's
+        batches on from where they were, and would end it early, or late, with batches of another size.
         """
-        trainer = self.trainer
-        if trainer.state.fn != TrainerFn.FITTING:  # test, predict: no training
-            return
-        batch_size = self.batch_size_to_continue(state_dict, trainer.world_size, trainer.accumulate_grad_batches)
-        if batch_size != self.hparams.batch_size:
-            rank_zero_info(
-                f"Continuing a run of {state_dict['world_size']} processes on {trainer.world_size}: per-device batch"
-                f" {self.hparams.batch_size} -> {batch_size}, to keep the global batch of"
-                f" {state_dict['global_batch_size']}."
-            )
-        self.hparams.batch_size = batch_size
-
-    def batch_size_to_continue(self, state_dict: dict[str, Any], world_size: int, accumulated: int) -> int:
-        """The per-device batch that keeps the global batch of the checkpoint's run (`state_dict`) on `world_size`
-        processes; a `DataError` when they cannot share it equally. train.py asks before the run starts, so that a
-        refused continuation changes nothing in the run's folder."""
-        global_batch, saved_world_size = state_dict.get("global_batch_size"), state_dict.get("world_size")
-        per_step = world_size * accumulated  # per-device batches in one optimizer step
-        if global_batch is None or saved_world_size == world_size or global_batch == self.hparams.batch_size * per_step:
-            return self.hparams.batch_size
-        if global_batch % per_step:
-            fitting = [str(n) for n in range(1, global_batch + 1) if global_batch % (n * accumulated) == 0][:6]
+        global_batch, saved_world_size = state.get("global_batch_size"), state.get("world_size")
+        batch_size = self.hparams.batch_size
+        if global_batch is None:
+            return batch_size
+        if not chosen and saved_world_size != world_size:
+            per_step = world_size * accumulated  # per-device batches in one optimizer step
+            if global_batch % per_step:
+                fitting = [str(n) for n in range(1, global_batch + 1) if global_batch % (n * accumulated) == 0][:6]
+                raise DataError(
+                    f"the checkpoint's run took global batches of {global_batch} samples, which {world_size}"
+                    f" processes x {accumulated} accumulated batches cannot share equally: continue it on"
+                    f" {', '.join(fitting)}... processes in all (--devices x --num_nodes), or start a new run."
+                )
+            batch_size = global_batch // per_step
+        before = state.get("batch_size", batch_size) * saved_world_size  # samples of one batch, all processes
+        if state.get("inside_an_epoch") and batch_size * world_size != before:
             raise DataError(
-                f"the checkpoint's run took global batches of {global_batch} samples, which {world_size}"
-                f" processes x {accumulated} accumulated batches cannot share equally: continue it on"
-                f" {', '.join(fitting)}... processes in all (--devices x --num_nodes), or start a new run."
+                f"the run stopped in the middle of epoch {epoch}, whose batches took {before} samples over all"
+                f" processes; it finishes that epoch with batches of as many ({batch_size} x {world_size} now)."
+                f" Finish it first (--trainer.max_epochs {epoch + 1}, with --data.batch_size"
+                f" {state.get('batch_size')} on {saved_world_size} process(es)), then change the batch."
             )
-        return global_batch // per_step
+        return batch_size

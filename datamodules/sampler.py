@@ -16,7 +16,7 @@ class ResumableDistributedSampler(DistributedSampler):
     epoch, so the ranks' k-th batches together are the permutation's k-th block of (batch x N) samples. Its state
     here is how far into the permutation all ranks together have got (`position`, saved by torchdata's
     `StatefulDataLoader` in every checkpoint); a continued epoch deals the rest of the permutation out to however
-    many ranks there are now, each sample once. With the global batch kept (`MNISTDataModule.load_state_dict`),
+    many ranks there are now, each sample once. With the global batch kept (`MNISTDataModule.batch_size_to_continue`),
     every optimizer step after the resume sees the samples it would have seen without the stop.
 
     Why not torchdata's `StatefulDistributedSampler`: its state counts the samples one rank has given, which means
@@ -42,6 +42,11 @@ class ResumableDistributedSampler(DistributedSampler):
         for index in rest[self.rank :: self.num_replicas]:
             self.given += 1
             yield index
+
+    def indices_in_pass(self) -> int:
+        """How many indices this rank gives in the current pass: its share of the epoch, or of what was left of the
+        epoch when the pass continued a stopped one (`app/replan.py` plans a continued run's schedule with it)."""
+        return math.ceil((len(self.dataset) - self.start) / self.num_replicas)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.start + self.given * self.num_replicas}

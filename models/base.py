@@ -96,7 +96,7 @@ class ImageClassifier(LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         """uint8 images (N, 28, 28) -> logits (N, 10). Before any statistics are set, pixels are scaled to [0, 1]."""
         mean, std = self.hparams.pixel_mean or 0.0, self.hparams.pixel_std or 1.0
-        images = (images.unsqueeze(1).float() / 255 - mean) / std
+        images = (images.unsqueeze(1).to(self.dtype) / 255 - mean) / std  # float32, or --trainer.precision's
         if self.hparams.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return self.net(images)

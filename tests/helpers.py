@@ -249,6 +249,21 @@ class SigtermAfterStep(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SigtermInEvaluation(Callback):
+    """Test instrument: the process of global rank 0 sends itself SIGTERM at the start of the first test, validation
+    or prediction batch (not the sanity check's), as a scheduler's time limit would."""
+
+    def _stop(self, trainer: Trainer) -> None:
+        if trainer.global_rank == 0 and not trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        self._stop(trainer)
+
+    def on_predict_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        self._stop(trainer)
+
+
 class SigtermWhileOthersWait(Callback):
     """Test instrument: at the end of the first validation, rank 0 waits until every other rank has said (a file)
     that it goes on to the next collective (the sync of the epoch's metrics), then sends itself SIGTERM: the signal

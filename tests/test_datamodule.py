@@ -1,5 +1,6 @@
 """The datamodule on small synthetic IDX files: splits, normalisation, batching and clear errors."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,40 @@ def test_truncated_files_are_reported_as_corrupt(data_dir, tmp_path, name):
 def test_a_validation_set_as_large_as_the_training_file_is_refused(data_dir):
     with pytest.raises(DataError, match="val_size"):
         fitted(data_dir, val_size=TRAIN_SIZE)
+
+
+# The checkpoint of a run of 1 process with batches of 64 (the global batch), stopped at an epoch's end or inside one.
+AT_THE_END = {"global_batch_size": 64, "world_size": 1, "batch_size": 64, "inside_an_epoch": False}
+INSIDE = {**AT_THE_END, "inside_an_epoch": True}
+
+
+@pytest.mark.parametrize(
+    ("state", "world_size", "chosen", "batch_size"),
+    [
+        (AT_THE_END, 2, False, 32),  # another number of processes: the global batch stays
+        (AT_THE_END, 2, True, 64),  # unless the command chose a batch size: it stays
+        (INSIDE, 2, False, 32),  # inside an epoch: the samples of one batch over all processes stay 64
+        (AT_THE_END, 1, True, 64),
+    ],
+)
+def test_a_continued_run_keeps_its_global_batch_unless_a_batch_size_is_chosen(
+    data_dir, state, world_size, chosen, batch_size
+):
+    datamodule = MNISTDataModule(data_dir=str(data_dir), batch_size=64)
+    assert datamodule.batch_size_to_continue(state, world_size, 1, chosen, epoch=0) == batch_size
+
+
+@pytest.mark.parametrize(
+    ("state", "world_size", "chosen_batch", "words"),
+    [
+        (AT_THE_END, 3, None, "global batches of 64 samples, which 3 processes x 1 accumulated batches cannot share"),
+        (INSIDE, 1, 32, "the run stopped in the middle of epoch 0, whose batches took 64 samples over all processes"),
+        (INSIDE, 2, 64, "it finishes that epoch with batches of as many (64 x 2 now)"),
+    ],
+)
+def test_a_continued_run_that_cannot_keep_its_batches_is_refused_in_one_line(
+    data_dir, state, world_size, chosen_batch, words
+):
+    datamodule = MNISTDataModule(data_dir=str(data_dir), batch_size=chosen_batch or 64)
+    with pytest.raises(DataError, match=re.escape(words)):
+        datamodule.batch_size_to_continue(state, world_size, 1, chosen_batch is not None, epoch=0)

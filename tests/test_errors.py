@@ -458,6 +458,19 @@ def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_con
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_one_process_without_a_process_group_stops_where_it_is_checked(data_dir, tmp_path):
+    """`--trainer.strategy auto` on one device: no process group, so the processes never "meet"; Ctrl-C is
+    FaultGuard's all the same, also when the check comes seconds later (a slow validation first)."""
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", "--trainer.strategy", "auto", devices=1)
+    slow = ("--trainer.callbacks+=tests.helpers.SlowValidation", "--trainer.callbacks.seconds", "2")
+    ctrl_c = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.step", "13")
+    result = run_train(*argv, *slow, *ctrl_c, "--trainer.max_epochs", "3", timeout=120)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
+    assert "Stopped by SIGINT (Ctrl-C) in epoch 0, at its end;" in result.stdout + result.stderr
+    assert saved_step(tmp_path) == 20
+
+
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
     argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", max_epochs=50)
     presses = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.presses", "2")

@@ -322,6 +322,7 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
     assert job.returncode in statuses, output[-3000:]
     assert "error" not in output and "Traceback" not in output, output[-3000:]
     assert wait_for_no_process(str(tmp_path), timeout=10) == ""
+    assert not list(tmp_path.rglob("version_*"))  # the run's folder is claimed once the processes have met
 
 
 # 4. A process that fails after the others have finished fails the job

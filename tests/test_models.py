@@ -24,6 +24,13 @@ def test_networks_have_the_tutorials_sizes_and_output_ten_logits(model_class, pa
     assert model(torch.zeros(4, 28, 28, dtype=torch.uint8)).shape == (4, 10)  # raw pixels, as the IDX files hold
 
 
+@pytest.mark.parametrize("model_class", [SeqNet, ConvNet])
+def test_a_network_in_double_precision_takes_raw_pixels_too(model_class):
+    """`--trainer.precision 64`: Lightning makes the weights float64; the pixels follow them."""
+    model = model_class().double()
+    assert model(torch.zeros(2, 28, 28, dtype=torch.uint8)).dtype == torch.float64
+
+
 def test_seqnet_has_no_log_softmax_inside_and_uses_sigmoid():
     layers = [type(layer) for layer in SeqNet().net]
     assert nn.LogSoftmax not in layers

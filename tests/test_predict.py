@@ -2,6 +2,7 @@
 
 import csv
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +113,14 @@ def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make_fol
     assert result.returncode == 1 and "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: --data.predict_dir") and words in last_line
+
+
+@pytest.mark.parametrize("subcommand", ["test", "predict"])
+def test_sigterm_during_an_evaluation_stops_it_at_once_with_status_143(checkpoint, tmp_path, subcommand):
+    best, _ = checkpoint
+    stop = ("--trainer.callbacks+=tests.helpers.SigtermInEvaluation",)
+    argv = (subcommand, "--ckpt_path", str(best), *COMMON, "--trainer.default_root_dir", str(tmp_path), *stop)
+    result = run_train(*argv)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert "Finished" not in result.stderr and "Predictions:" not in result.stderr
+    assert "Traceback" not in result.stderr

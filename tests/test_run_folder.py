@@ -3,15 +3,19 @@ nothing lost or mixed up (real runs of train.py on CPU, and the folder mechanism
 
 import hashlib
 import multiprocessing
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from app.cli import main
 from app.continuation import changes_between
 from app.errors import UserError
 from app.run_folder import RunFolder
@@ -64,25 +68,25 @@ def test_runs_that_claim_a_folder_at_the_same_moment_get_one_each(tmp_path):
 
 
 def test_a_run_held_by_another_process_is_refused_until_that_process_ends(tmp_path):
-    run = RunFolder(tmp_path)
-    run.claim()
-    run.release()
-    hold = f"from app.run_folder import RunFolder; RunFolder(None, {str(run.path)!r}).take(); print('held'); input()"
+    run = tmp_path / "version_0"
+    run.mkdir()
+    hold = f"from pathlib import Path; from app.run_folder import RunFolder; RunFolder(None, Path({str(run)!r})).take()"
     holder = subprocess.Popen(
-        [sys.executable, "-c", hold], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", f"{hold}; print('held', flush=True); input()"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(UserError) as refused:
-            RunFolder(tmp_path, run.path).take()
+            RunFolder(tmp_path, run).take()
         assert str(refused.value) == (
-            f"{run.path} is being trained by another process right now (it holds the run's lock). Wait for it to"
-            " end, or start a new run (without --ckpt_path last)."
+            f"{run} is being trained by another process right now (it holds the run's lock). Wait for it to end, or"
+            " start a new run."
         )
     finally:
         holder.kill()
         holder.wait()
-    RunFolder(tmp_path, run.path).take()  # the lock went with the process that held it
+    RunFolder(tmp_path, run).take()  # the lock went with the process that held it
 
 
 def test_three_runs_started_at_once_in_one_folder_get_three_folders_each_with_its_own_settings(data_dir, tmp_path):
@@ -152,6 +156,12 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
     assert "changed: --trainer.max_epochs 2 -> 3, --model.optimizer.lr 0.5 -> 0.02." in result.stderr
     assert "Continuing at step 40: Adam keeps its state and takes the command's settings" in result.stderr
     assert last_checkpoint(run)["optimizer_states"][0]["param_groups"][0]["lr"] == 0.02
+    # A switch that shapes the state (AMSGrad keeps one more moment): a KeyError before; now Adam starts afresh.
+    args = ("--model.optimizer.amsgrad", "true", "--trainer.max_epochs", "4", "--ckpt_path", "last")
+    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Continuing at step 60: Adam starts afresh (the checkpoint's state does not fit it)" in result.stderr
+    assert "max_exp_avg_sq" in last_checkpoint(run)["optimizer_states"][0]["state"][0]
 
 
 def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_second_continuation_keeps_it(
@@ -204,6 +214,91 @@ def test_a_changed_model_setting_is_named_in_one_line_and_the_run_stays_as_it_wa
         " checkpoint's: 8) builds. Leave --model.width out: the checkpoint's settings are the defaults."
     )
     assert folder_hashes(run) == before
+    # The run's folder names the model: its own setting is taken without --model (a SeqNet has none).
+    result = run_train(
+        "fit", "--ckpt_path", str(run), *one_process(data_dir, tmp_path, "--model.width", "16", model=None)
+    )
+    assert one_error_line(result).startswith(f"error: --model.width 16 does not fit the run it continues: {run} was")
+    assert folder_hashes(run) == before
+
+
+def test_a_mistake_found_once_the_processes_met_leaves_no_folder_and_the_run_as_it_was(
+    data_dir, tmp_path, adadelta_run
+):
+    run = copy_of(adadelta_run, tmp_path)
+    before = folder_hashes(run)
+    mistake = ("--model.optimizer.lr", "-1")  # torch refuses it when the optimizer is made, after the meeting
+    continued = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *mistake, "--ckpt_path", "last"))
+    assert one_error_line(continued).startswith("error: --model.optimizer.lr -1.0: Invalid learning rate: -1.0.")
+    assert folder_hashes(run) == before  # no record that the next continuation would take as the run's settings
+    new = run_train("fit", *one_process(data_dir, tmp_path / "new", *mistake))
+    assert one_error_line(new).startswith("error: --model.optimizer.lr -1.0: Invalid learning rate: -1.0.")
+    assert not list((tmp_path / "new").rglob("version_*"))  # a run that never trained leaves no folder
+
+
+def test_a_run_stopped_in_an_epoch_finishes_it_with_batches_of_the_same_size(data_dir, tmp_path):
+    stop = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "5")
+    stopped = run_train("fit", *one_process(data_dir, tmp_path, *stop, "--fault_guard.every_n_steps", "4"))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    before = folder_hashes(run)
+    smaller = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", batch_size=25))
+    assert one_error_line(smaller) == (
+        "error: the run stopped in the middle of epoch 0, whose batches took 50 samples over all processes; it"
+        " finishes that epoch with batches of as many (25 x 1 now). Finish it first (--trainer.max_epochs 1, with"
+        " --data.batch_size 50 on 1 process(es)), then change the batch."
+    )
+    assert folder_hashes(run) == before
+    # Accumulating two batches per step keeps the batches: the epoch goes on, the schedule ends with the run.
+    more = ("--ckpt_path", "last", "--trainer.accumulate_grad_batches", "2")
+    continued = run_train("fit", *one_process(data_dir, tmp_path, *more, max_epochs=2))
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    final = last_checkpoint(run)
+    schedule = final["lr_schedulers"][0]
+    assert final["global_step"] == schedule["total_steps"] == schedule["last_epoch"] == 8 + 6 + 10
+
+
+def test_a_continuation_that_fails_before_its_first_step_leaves_the_run_as_it_was(data_dir, tmp_path, adadelta_run):
+    run = copy_of(adadelta_run, tmp_path)
+    before = folder_hashes(run)
+    fails = ("--trainer.callbacks+=tests.helpers.FailOnRank", "--ckpt_path", "last", "--trainer.max_epochs", "2")
+    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *fails))
+    assert result.returncode == 1 and "planned failure on rank 0" in result.stderr, result.stderr[-3000:]
+    assert folder_hashes(run) == before  # no record of a continuation that never trained, no event file
+
+
+def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_path):
+    first = subprocess.Popen(
+        [sys.executable, "train.py", "fit", *one_process(data_dir, tmp_path, max_epochs=1000)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
+        deadline = time.monotonic() + 120
+        while not last.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert last.exists(), "the first run saved no checkpoint"
+        second = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=1000))
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert one_error_line(second) == (
+        f"error: {last.parents[1]} is being trained by another process right now (it holds the run's lock). Wait"
+        " for it to end, or start a new run."
+    )
+
+
+def test_a_logger_of_the_users_cannot_continue_a_run_in_its_folder(data_dir, tmp_path, adadelta_run):
+    run = copy_of(adadelta_run, tmp_path)
+    logger = ("--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "csv"))
+    argv = ["fit", *one_process(data_dir, tmp_path, *TINY, "--ckpt_path", "last", *logger)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == (
+        f"error: --ckpt_path last continues {run} in its folder, where --trainer.logger would not write: leave"
+        " --trainer.logger out to continue the run, or start a new run from its weights with --ckpt_path"
+        f" {run / 'checkpoints' / 'last.ckpt'}."
+    )
 
 
 def test_what_a_command_changes_is_each_option_once_and_a_new_class_without_its_arguments():
@@ -275,6 +370,17 @@ def test_an_open_ended_run_trains_until_its_step_limit_and_says_what_its_learnin
     result = run_train("fit", *one_process(data_dir, tmp_path, "--trainer.max_steps", "15", max_epochs=-1))
     assert result.returncode == 0, result.stderr[-3000:]  # one-cycle over the 15 steps
     assert last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["global_step"] == 15
-    endless = run_train("fit", *one_process(data_dir, tmp_path, "--trainer.max_time", "00:00:00:03", max_epochs=-1))
+    # Continued with no end in steps: the annealed one-cycle rate gives way to the command's, constant.
+    endless = ("--ckpt_path", "last", "--trainer.max_steps", "-1", "--trainer.max_time", "00:00:00:03")
+    endless = run_train("fit", *one_process(data_dir, tmp_path, *endless, max_epochs=-1))
     assert endless.returncode == 0, endless.stderr[-3000:]
-    assert "learning rate 0.01, constant: the run has no set end (--trainer.max_epochs -1)" in endless.stderr
+    assert (
+        "Continuing at step 15: Adam keeps its state and takes the command's settings; no learning-rate schedule"
+        " from here: the rate stays at 0.01; the weights continue." in endless.stderr
+    )
+    assert (
+        "learning rate 0.01, constant: the run's number of steps is open (--trainer.max_epochs -1 without"
+        " --trainer.max_steps), so there is no one-cycle schedule to plan" in endless.stderr
+    )
+    group = last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["optimizer_states"][0]["param_groups"][0]
+    assert group["lr"] == 0.01 and "max_lr" not in group
