@@ -23,7 +23,9 @@ from app.run_folder import is_run, last_checkpoint_of, newest_record, newest_run
 
 LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
 NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train
-WHERE = {"--trainer.default_root_dir"}  # where the runs are: found already, and no change of how the run trains
+# Where a run is and on how many processes it runs: the command's (or its launcher's) now, not the run's. A run
+# continues on whatever processes it is given, with its global batch kept (`MNISTDataModule.batch_size_to_continue`).
+WHERE = {"--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes"}
 # The data a run trains and validates on: the dataset and its train/validation split. A continued run keeps them, so
 # that its curves compare like with like and an interrupted epoch gives each of its samples once.
 DATA_OF_THE_RUN = {"--data.dataset", "--data.val_size", "--data.val_split_seed"}
@@ -118,7 +120,8 @@ def _continue(run: Path, root: Path) -> Start:
         return Start(checkpoint, contents, run, settings=_settings_of_checkpoint(contents))
     settings = yaml.safe_load(record.read_text())
     settings = {key: value for key, value in settings.items() if key not in NOT_COMPARED}
-    (settings.get("trainer") or {}).pop("default_root_dir", None)  # where the run was: this command says where it is
+    for key in WHERE:  # where the run was, and on how many processes: this command, or its launcher, says now
+        (settings.get("trainer") or {}).pop(key.removeprefix("--trainer."), None)
     return Start(checkpoint, contents, run, record, settings)
 
 
