@@ -10,9 +10,9 @@ gc.disable()
 import signal  # noqa: E402
 import sys  # noqa: E402
 
-from app.launch import die_with_parent  # noqa: E402
-from app.local_processes import start_local_processes  # noqa: E402
-from app.quiet import silence_the_shutdown  # noqa: E402
+from app.command_line.quiet import silence_the_shutdown  # noqa: E402
+from app.job.early_start import start_local_processes  # noqa: E402
+from app.job.network import die_with_parent  # noqa: E402
 
 silence_the_shutdown()  # first, so that it comes last: the frozen objects below are never freed
 
@@ -20,7 +20,7 @@ die_with_parent()  # before the slow imports below, while the launcher that star
 start_local_processes(sys.argv[1:])  # --devices N: the other processes import what follows at the same time
 
 try:
-    from app.cli import main
+    from app.main import main
 except KeyboardInterrupt:  # Ctrl-C while importing: stopped, as after it, with no traceback from every process
     sys.exit(128 + signal.SIGINT)
 

@@ -3,7 +3,7 @@ model summary or validation), but with the callback of train.py that changes the
 
 from lightning.pytorch import Trainer
 
-from app.fault_guard import FaultGuard
+from app.job.fault_guard import FaultGuard
 
 
 def bare_trainer(strategy="ddp", callbacks=(), sigterm_every_n_steps: int = 50, **kwargs) -> Trainer:

@@ -34,7 +34,7 @@ from lightning.pytorch import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.fault_guard import FaultGuard  # noqa: E402
+from app.job.fault_guard import FaultGuard  # noqa: E402
 from benchmarks.ddp_paths import PlainLoop, _device_name, _model, add_data_arguments, run_torchrun, sync  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from datamodules.mnist import BatchedTensorDataset  # noqa: E402
@@ -113,7 +113,7 @@ def print_table(args: argparse.Namespace, rounds: list[dict]) -> None:
 def run_worker(args: argparse.Namespace) -> None:
     from lightning.pytorch.strategies import DDPStrategy
 
-    from app.cli import close_process_group
+    from app.main import close_process_group
     from benchmarks.bare_trainer import bare_trainer
 
     alternate = Alternate(args)
@@ -132,7 +132,7 @@ def run_worker(args: argparse.Namespace) -> None:
         result["phases"] = {kind: alternate.clock.ms_per_step(kind, seconds, args.chunk) for kind, seconds in chunks}
         result["device"] = _device_name(trainer.strategy.root_device)
         Path(args.out, "rank0.json").write_text(json.dumps(result))
-    close_process_group()  # as train.py does: see app/cli.py
+    close_process_group()  # as train.py does: see app/main.py
 
 
 class Alternate(Callback):

@@ -281,8 +281,8 @@ class MNISTDataModule(LightningDataModule):
         self, state: dict[str, Any], world_size: int, accumulated: int, chosen: bool, epoch: int
     ) -> int:
         """The per-device batch a run continued from a checkpoint (`state`, of `epoch`) trains with on `world_size`
-        processes; a `DataError` saying why there is none. train.py asks before the run starts (app/train_cli.py),
-        so that a refused continuation changes nothing.
+        processes; a `DataError` saying why there is none. train.py asks before the run starts
+        (app/command_line/train_cli.py), so that a refused continuation changes nothing.
 
         Without a batch size `chosen` for the continuation, the global batch stays as it was on another number of
         processes too, and so the optimizer steps are made of the samples they would have been made of without the

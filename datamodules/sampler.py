@@ -45,7 +45,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def indices_in_pass(self) -> int:
         """How many indices this rank gives in the current pass: its share of the epoch, or of what was left of the
-        epoch when the pass continued a stopped one (`app/replan.py` plans a continued run's schedule with it)."""
+        epoch when the pass continued a stopped one (`app/run/replan.py` plans a continued run's schedule with it)."""
         return math.ceil((len(self.dataset) - self.start) / self.num_replicas)
 
     def state_dict(self) -> dict[str, Any]:

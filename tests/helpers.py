@@ -182,7 +182,7 @@ class FailToBuildOnLocalRank(Callback):
             return
         if kill:
             os.kill(os.getpid(), signal.SIGKILL)
-        from app.errors import UserError
+        from app.command_line.errors import UserError
 
         raise UserError(f"planned mistake in local rank {local_rank} alone")
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app.checkpoint_io import AtomicCheckpointIO
+from app.run.checkpoints import AtomicCheckpointIO
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):

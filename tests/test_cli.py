@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from app.cli import main, parse_command
+from app.main import main, parse_command
 from tests.helpers import run_command, run_train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_a_logger_thread_that_sends_at_exit_gets_to_send(data_dir, tmp_path):
 
 AT_EXIT = """\
 import os
-from app.quiet import silence_the_shutdown
+from app.command_line.quiet import silence_the_shutdown
 silence_the_shutdown()
 
 class WritesAtShutdown:  # freed as the interpreter shuts down, after every exit handler

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
+from app.main import main
 from tests.helpers import max_difference, run_train, scalars
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out

@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from app.logger import HPARAMS_METRICS
+from app.run.tensorboard import HPARAMS_METRICS
 from tests.conftest import TRAIN_SIZE
 from tests.helpers import SMALL_RUN, run_train, scalars, small_run
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from app.cli import main
+from app.main import main
 from tests.helpers import run_command, run_train
 from tests.synthetic import read_idx_images
 

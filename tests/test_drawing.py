@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from app.drawing import DARK, LIGHT, RED, confusion_picture, sample_grid
+from app.run.drawing import DARK, LIGHT, RED, confusion_picture, sample_grid
 
 
 def is_red(pixels: np.ndarray) -> np.ndarray:

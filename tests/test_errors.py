@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
-from app.errors import PEER_LOST_MESSAGE, blame_option
-from app.report import short_traceback
+from app.command_line.errors import PEER_LOST_MESSAGE, blame_option
+from app.command_line.speaking import short_traceback
+from app.main import main
 from tests.helpers import REPO, run_command, run_train, scalars, small_run
 from tests.synthetic import write_idx
 

@@ -9,7 +9,7 @@ import onnxruntime
 import pytest
 import torch
 
-from app.cli import main
+from app.main import main
 from models import SeqNet
 from tests.synthetic import read_idx_images
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.peers import ARRIVED_KEY
+from app.job.rendezvous import ARRIVED_KEY
 from tests.conftest import TRAIN_SIZE
 from tests.helpers import REPO, SMALL_RUN, free_port, max_difference, run_command, run_train, scalars, small_run
 from tests.test_multinode import wait_for_no_process
@@ -157,7 +157,9 @@ def test_a_global_batch_that_the_new_processes_cannot_share_ends_in_one_line(dat
     resumed = run_train("fit", *argv(data_dir, root, "--ckpt_path", "last", devices=3))
     assert resumed.returncode == 1
     lines = [line for line in resumed.stderr.splitlines() if line.startswith("error")]
-    assert len(lines) == 1, resumed.stderr  # every rank meets it; the first to get there speaks (app/report.py)
+    assert len(lines) == 1, (
+        resumed.stderr
+    )  # every rank meets it; the first to get there speaks (app/command_line/speaking.py)
     assert re.match(r"error( \(rank \d\))?: the checkpoint's run took global batches of 100 samples", lines[0])
     assert "continue it on 1, 2, 4, 5" in lines[0] and "Traceback" not in resumed.stderr
 
@@ -305,7 +307,7 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        # Each process counts itself in the job's store once it waits there (app/peers.py): both are waiting.
+        # Each process counts itself in the job's store once it waits there (app/job/rendezvous.py): both are waiting.
         store = torch.distributed.TCPStore(
             "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False
         )

@@ -1,4 +1,4 @@
-"""train.py starts the other processes of its node before it imports torch (app/local_processes.py): they import at
+"""train.py starts the other processes of its node before it imports torch (app/job/early_start.py): they import at
 the same time, and a mistake is still said once, by one process, with nothing left waiting."""
 
 import os
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app.local_processes import processes_asked_for
+from app.job.early_start import processes_asked_for
 from tests.helpers import REPO, run_command, small_run
 from tests.test_multinode import wait_for_no_process
 

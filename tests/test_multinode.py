@@ -77,7 +77,8 @@ def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_p
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     result = run_command([*torchrun, "train.py", *common(data_dir, tmp_path), "--devices", "3"], timeout=120)
     assert result.returncode != 0
-    # Both ranks meet the mistake; the first to get there speaks for both (app/report.py), through the agent's store.
+    # Both ranks meet the mistake; the first to get there speaks for both (app/command_line/speaking.py), through the
+    # agent's store.
     lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(lines) == 1 and lines[0].startswith(("error: ", "error (rank 1): ")), result.stderr
     assert "You set `devices=3` and `num_nodes=1`" in lines[0]

@@ -1,8 +1,8 @@
 """Every private name of Lightning or torch that this program touches, checked where it lives.
 
 No public route does what these do (each place in the code says why). A new version that moves or renames one
-fails here, naming it, instead of somewhere deep in a run, or, worse, silently: `app/fault_guard.py` would stop
-replacing Lightning's signal handlers, `app/train_cli.py` would stop checking options before the launch.
+fails here, naming it, instead of somewhere deep in a run, or, worse, silently: `app/job/fault_guard.py` would stop
+replacing Lightning's signal handlers, `app/command_line/train_cli.py` would stop checking options before the launch.
 """
 
 import inspect
@@ -25,7 +25,7 @@ def trainer() -> Trainer:
 
 
 def test_fault_guard_finds_lightnings_signal_handlers_and_per_step_check(trainer):
-    # app/fault_guard.py: FaultGuard.setup puts its own handlers in these attributes, which Lightning's connector
+    # app/job/fault_guard.py: FaultGuard.setup puts its own handlers in these attributes, which Lightning's connector
     # reads when it registers the handlers, and `_check` calls Lightning's own requeue.
     assert isinstance(trainer._signal_connector, _SignalConnector), "Trainer._signal_connector moved"
     for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn"):
@@ -42,7 +42,7 @@ def test_fault_guard_finds_lightnings_signal_handlers_and_per_step_check(trainer
 
 
 def test_train_cli_overrides_lightning_cli_methods_with_their_signatures():
-    # app/train_cli.py: checks before the seed, errors named by option, checkpoint callbacks left out.
+    # app/command_line/train_cli.py: checks before the seed, errors named by option, checkpoint callbacks left out.
     assert parameters(LightningCLI._set_seed) == ["self"], "LightningCLI._set_seed"
     assert parameters(LightningCLI._run_subcommand) == ["self", "subcommand"], "LightningCLI._run_subcommand"
     assert parameters(LightningCLI._instantiate_trainer) == ["self", "config", "callbacks"], (
@@ -55,24 +55,19 @@ def test_train_cli_overrides_lightning_cli_methods_with_their_signatures():
     assert "self._parse_ckpt_path()" in inspect.getsource(LightningCLI.__init__), "LightningCLI._parse_ckpt_path"
 
 
-def test_the_logger_finds_lightnings_hyperparameter_helpers():
-    # app/logger.py: writes the hparams table itself, as Lightning's TensorBoardLogger does.
-    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-
-    assert _flatten_dict(_convert_params({"a": {"b": 1}})) == {"a/b": 1}, "lightning.fabric.utilities.logger"
-    assert callable(TensorBoardLogger._sanitize_params), "TensorBoardLogger._sanitize_params"
-    # The run's folder as the version: Lightning asks `_get_next_version` when no version was given.
-    assert parameters(TensorBoardLogger._get_next_version) == ["self"], "TensorBoardLogger._get_next_version"
-    assert "self._get_next_version()" in inspect.getsource(TensorBoardLogger.version.fget), "TensorBoardLogger.version"
-    assert parameters(SummaryWriter._get_file_writer) == ["self"], "SummaryWriter._get_file_writer"
+def test_the_logger_writes_the_hparams_table_and_gives_its_version_where_lightning_looks():
+    # app/run/tensorboard.py: the HPARAMS table through the writer's file writer, the run's folder as the version.
+    assert "file_writer" in inspect.getsource(SummaryWriter.__init__), "SummaryWriter.file_writer"
+    assert isinstance(TensorBoardLogger.version, property), "TensorBoardLogger.version"
+    assert "self.version" in inspect.getsource(TensorBoardLogger.log_dir.fget), "TensorBoardLogger.log_dir"
 
 
 def test_the_processes_train_py_starts_are_the_ones_lightnings_launcher_would():
-    # app/local_processes.py starts them with the environment and command line of Lightning's launcher; where that
-    # launcher starts them, app/cli.py waits for them at the end (`procs`, where it keeps them to pass signals on).
+    # app/job/early_start.py starts them with the environment and command line of Lightning's launcher; where that
+    # launcher starts them, app/main.py waits for them at the end (`procs`, where it keeps them to pass signals on).
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-    from app.command_line import SUBCOMMANDS
+    from app.command_line.argv import SUBCOMMANDS
 
     assert tuple(LightningCLI.subcommands()) == SUBCOMMANDS, "LightningCLI.subcommands"
     launcher = _SubprocessScriptLauncher(cluster_environment=None, num_processes=2, num_nodes=1)

@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from app.cli import main
-from app.continuation import changes_between
-from app.errors import UserError
-from app.run_folder import RunFolder
+from app.command_line.errors import UserError
+from app.main import main
+from app.run.continuation import changes_between
+from app.run.folder import RunFolder
 from tests.helpers import REPO, run_train, small_run
 
 TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width
@@ -70,7 +70,7 @@ def test_runs_that_claim_a_folder_at_the_same_moment_get_one_each(tmp_path):
 def test_a_run_held_by_another_process_is_refused_until_that_process_ends(tmp_path):
     run = tmp_path / "version_0"
     run.mkdir()
-    hold = f"from pathlib import Path; from app.run_folder import RunFolder; RunFolder(None, Path({str(run)!r})).take()"
+    hold = f"from pathlib import Path; from app.run.folder import RunFolder; RunFolder(None, Path({str(run)!r})).take()"
     holder = subprocess.Popen(
         [sys.executable, "-c", f"{hold}; print('held', flush=True); input()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.logger import HPARAMS_METRICS
+from app.run.tensorboard import HPARAMS_METRICS
 from tests.helpers import free_port, run_train, small_run
 
 RUN = "ConvNet-mnist/version_0"

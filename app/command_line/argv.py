@@ -1,6 +1,6 @@
 """train.py's command line before LightningCLI sees it: the `--devices`/`--num_nodes` shortcuts, and `fit` put in
 front when no subcommand is named (the program then fits and tests). Standard library only: train.py reads its
-command line before it imports torch (`app/local_processes.py`)."""
+command line before it imports torch (`app/job/early_start.py`)."""
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI.subcommands(), without importing Lightning
 SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}

@@ -12,12 +12,12 @@ strategy set up the process group, the samplers and the gradient all-reduce as b
 Only where the number of processes is plain from the command line (`--devices N` or `trainer.devices` in a config
 file, with the `ddp` strategy) and no other launcher or cluster manager started this process: `--devices auto` on
 a GPU machine is as many processes as torch sees GPUs, which only torch can say. Otherwise Lightning's launcher
-starts them, as before. Linux only, where each process dies with this one (`app/launch.py: die_with_parent`).
+starts them, as before. Linux only, where each process dies with this one (`app/job/network.py: die_with_parent`).
 
 One line per mistake: until the processes meet, every process meets the same mistakes in the command line at the
 same moment. One started here that fails hands its message to this process and ends without a word; this one
 prints it only once its own checks have passed (`CHECKED`), so that a mistake all of them make is said once, by
-this process. After the meeting, the job's TCP store decides who speaks (`app/report.py`).
+this process. After the meeting, the job's TCP store decides who speaks (`app/command_line/speaking.py`).
 """
 
 import os
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from app.command_line import parse_command, subcommand_of
+from app.command_line.argv import parse_command, subcommand_of
 
 # Set by another launcher or a cluster manager, whose processes Lightning takes as they are.
 LAUNCHER_VARIABLES = (
@@ -50,8 +50,10 @@ PIPE_ROOM = 60_000  # bytes of a message handed over; Linux pipes hold 64 KiB
 # How a process ends when Ctrl-C or SIGTERM stops it before training: train.py's status, or the signal's.
 STOPPED = {128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM}
 
-CHECKED = threading.Event()  # set once this process's checks before the launch have passed (app/train_cli.py)
-MET = threading.Event()  # set once the processes have met, before the process group is closed (app/cli.py)
+CHECKED = (
+    threading.Event()
+)  # set once this process's checks before the launch have passed (app/command_line/train_cli.py)
+MET = threading.Event()  # set once the processes have met, before the process group is closed (app/main.py)
 SPEAKING = threading.Lock()  # held by whichever thread of this process prints the job's error
 STARTED: list[subprocess.Popen] = []
 
@@ -214,7 +216,7 @@ def ctrl_c_ends_the_meeting() -> Iterator[None]:
     of Ctrl-C does not run until the wait is over: up to the process-group timeout, 30 minutes by default, when a
     node never comes. Python still notes the signal at once in a file descriptor (`signal.set_wakeup_fd`), which a
     thread watches here. It acts only while the processes have not met, where Ctrl-C still has Python's own handler
-    (a strategy without a process group never meets: there FaultGuard's handler, `app/fault_guard.py`, stops the
+    (a strategy without a process group never meets: there FaultGuard's handler, `app/job/fault_guard.py`, stops the
     training gracefully), and only when the main thread has not stopped by itself a second later. SIGTERM needs
     nothing of this: its default action ends a waiting process at once.
     """
@@ -275,9 +277,10 @@ def wait_for_the_others(processes: list[subprocess.Popen]) -> None:
     """After this process's work ended well: wait for the processes of its node that it started (here or by
     Lightning's launcher), and end with their failure when one failed, so that the job's exit status is honest.
 
-    A process that failed after the processes met has usually said why itself (exit status 1: `app/report.py`);
-    one killed by a signal or ended with another status (an abort at exit, say) is named here. A process that has
-    not ended `EXIT_GRACE_S` seconds after this one's work is named and killed. Ctrl-C ends the wait, and them."""
+    A process that failed after the processes met has usually said why itself (exit status 1:
+    `app/command_line/speaking.py`); one killed by a signal or ended with another status (an abort at exit, say) is
+    named here. A process that has not ended `EXIT_GRACE_S` seconds after this one's work is named and killed.
+    Ctrl-C ends the wait, and them."""
     failed, children = None, [*STARTED, *processes]
     try:
         for local_rank, process in enumerate(children, start=1):

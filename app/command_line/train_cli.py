@@ -17,8 +17,8 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.checkpoint_io import AtomicCheckpointIO, remove_partial_files
-from app.checks import (
+from app.command_line.argv import subcommand_of
+from app.command_line.checks import (
     COUNTS,
     check_accelerator,
     check_counts,
@@ -27,8 +27,14 @@ from app.checks import (
     check_sync_batchnorm,
     check_writable,
 )
-from app.command_line import subcommand_of
-from app.continuation import (
+from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
+from app.command_line.parser_messages import shorten
+from app.command_line.quiet import silence_a_continuation
+from app.job.early_start import CHECKED, ctrl_c_ends_the_meeting, wait_for_the_meeting_place
+from app.job.fault_guard import FaultGuard
+from app.job.rendezvous import announce_rendezvous
+from app.run.checkpoints import AtomicCheckpointIO, remove_partial_files
+from app.run.continuation import (
     Start,
     changes_between,
     find_start,
@@ -36,18 +42,13 @@ from app.continuation import (
     refuse_another_model,
     refuse_weights_that_do_not_fit,
 )
-from app.dashboard import Dashboard
-from app.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
-from app.fault_guard import FaultGuard
-from app.global_batch import GlobalBatchInfo
-from app.local_processes import CHECKED, ctrl_c_ends_the_meeting, wait_for_the_meeting_place
-from app.logger import LogConfigCallback, TensorBoardLogger
-from app.parser_messages import shorten
-from app.peers import announce_rendezvous
-from app.predictions import PredictionWriter
-from app.quiet import silence_a_continuation
-from app.replan import ReplanOnResume
-from app.run_folder import CHECKPOINTS, RunFolder, checkpoint_folders, is_run, run_name
+from app.run.dashboard import Dashboard
+from app.run.folder import CHECKPOINTS, RunFolder, checkpoint_folders, is_run, run_name
+from app.run.global_batch import GlobalBatchInfo
+from app.run.predictions import PredictionWriter
+from app.run.record import RunRecord
+from app.run.replan import ReplanOnResume
+from app.run.tensorboard import RunLogger
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
@@ -88,8 +89,8 @@ class TrainCLI(LightningCLI):
     def __init__(self, args: list[str], test_after_fit: bool = False) -> None:
         self.test_after_fit = test_after_fit
         self.chosen_subcommand = subcommand_of(args)
-        self.start: Start | None = None  # what --ckpt_path starts from (app/continuation.py)
-        self.run: RunFolder | None = None  # the folder this command writes into (app/run_folder.py)
+        self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
+        self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
         super().__init__(
             model_class=ImageClassifier,
             subclass_mode_model=True,
@@ -97,7 +98,7 @@ class TrainCLI(LightningCLI):
             trainer_defaults=trainer_defaults(),
             seed_everything_default=42,
             auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
-            save_config_callback=LogConfigCallback,
+            save_config_callback=RunRecord,
             parser_kwargs={"exit_on_error": False, "description": DESCRIPTION, "formatter_class": HelpFormatter},
             args=args,
         )
@@ -235,7 +236,7 @@ class TrainCLI(LightningCLI):
     def _errors_named_by_option(self) -> Iterator[None]:
         """A value the parser accepted but torch, Lightning or the model rejected later (`--model.optimizer.lr -1`,
         `--model.lr_scheduler.step_size 0`): one line that names the option, instead of a traceback from every rank,
-        where the evidence is certain (`app.errors.blame_option`). Any other error is raised as it is."""
+        where the evidence is certain (`app.command_line.errors.blame_option`). Any other error is raised as it is."""
         try:
             yield
         except VALUE_ERRORS as error:
@@ -280,7 +281,7 @@ class TrainCLI(LightningCLI):
             )
         if trainer_config["logger"] in (None, True):  # this project's TensorBoard logger, in that folder
             continued = self.run.path
-            kwargs["logger"] = TensorBoardLogger(
+            kwargs["logger"] = RunLogger(
                 save_dir=self.run.parent.parent,
                 name=self.run.parent.name,
                 version=continued.name if continued else None,
@@ -338,9 +339,9 @@ class TrainCLI(LightningCLI):
         return folders
 
     def _check_before_launch(self, *stages: str) -> None:
-        """What can be wrong is found here, by one process, before the others start (`app/checks.py`), and before
-        anything is written: a refused command leaves every folder as it was. Then global rank 0 takes the folder
-        the command writes into."""
+        """What can be wrong is found here, by one process, before the others start (`checks.py`), and before
+        anything is written: a refused command leaves every folder as it was. Then global rank 0 takes the run it
+        continues."""
         check_launcher(self.trainer)
         continuing = self._continuing()
         if continuing:

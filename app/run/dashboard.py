@@ -7,7 +7,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from app.drawing import confusion_picture, sample_grid
+from app.run.drawing import confusion_picture, sample_grid
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 

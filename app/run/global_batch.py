@@ -21,7 +21,7 @@ class GlobalBatchInfo(Callback):
         self.first_batch = True
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        """At the first batch, once a continued run's schedule is planned (app/replan.py)."""
+        """At the first batch, once a continued run's schedule is planned (app/run/replan.py)."""
         if not getattr(self, "first_batch", False):
             return
         self.first_batch = False
@@ -29,7 +29,7 @@ class GlobalBatchInfo(Callback):
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         group = trainer.optimizers[0].param_groups[0]
-        # A continued run's one-cycle schedule counts the steps it took before at their size (app/replan.py).
+        # A continued run's one-cycle schedule counts the steps it took before at their size (app/run/replan.py).
         cycles = [c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, OneCycleLR)]
         total = cycles[0].total_steps if cycles else trainer.estimated_stepping_batches
         if cycles:

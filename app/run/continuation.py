@@ -4,8 +4,8 @@ that come with it as defaults, and what the command line changes on top of them.
 Continuing a run continues that run: its newest record of settings (`config.yaml`, or the latest
 `config-continued-K.yaml`) is the default of every option, as a checkpoint's own model and data settings are with
 `--ckpt_path FILE` (which starts a new run from those weights). What the command changes is said in one line. How it
-trains may change (optimizer, learning rate, schedule, epochs: `app/replan.py` carries the run over to the new plan);
-what the network is may not: a continued run keeps the model it was built with.
+trains may change (optimizer, learning rate, schedule, epochs: `replan.py` carries the run over to the new plan); what
+the network is may not: a continued run keeps the model it was built with.
 """
 
 import json
@@ -17,9 +17,9 @@ import yaml
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
-from app.checkpoints import read_checkpoint
-from app.errors import UserError
-from app.run_folder import is_run, last_checkpoint_of, newest_record, newest_run_with_a_checkpoint, versions
+from app.command_line.errors import UserError
+from app.run.checkpoints import read_checkpoint
+from app.run.folder import is_run, last_checkpoint_of, newest_record, newest_run_with_a_checkpoint, versions
 
 LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
 NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train

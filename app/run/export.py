@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from app.checkpoints import read_checkpoint, saved_model_class
+from app.run.checkpoints import read_checkpoint, saved_model_class
 from datamodules.mnist import MNISTDataModule
 from models import ImageClassifier
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from lightning.pytorch import Callback
 
-from app.errors import UserError
+from app.command_line.errors import UserError
 
 RECORD = "config.yaml"
 CONTINUED_RECORD = re.compile(r"config-continued-(\d+)\.yaml")

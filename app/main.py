@@ -8,15 +8,15 @@ import sys
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.command_line import parse_command, subcommand_of
-from app.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
-from app.export import ExportError, export
-from app.export import parse as parse_export_arguments
-from app.launch import choose_socket_interface
-from app.local_processes import MET, wait_for_the_others
-from app.quiet import silence_noise
-from app.report import TRACEBACK_WANTED, exit_with_bug, exit_with_error
-from app.train_cli import TrainCLI
+from app.command_line.argv import parse_command, subcommand_of
+from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
+from app.command_line.quiet import silence_noise
+from app.command_line.speaking import TRACEBACK_WANTED, exit_with_bug, exit_with_error
+from app.command_line.train_cli import TrainCLI
+from app.job.early_start import MET, wait_for_the_others
+from app.job.network import choose_socket_interface
+from app.run.export import ExportError, export
+from app.run.export import parse as parse_export_arguments
 
 __all__ = ["close_process_group", "main", "parse_command"]
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
         cli = TrainCLI(args, test_after_fit)
-    except SIGTERMException as stop:  # every rank stopped at the same step (app/fault_guard.py: FaultGuard)
+    except SIGTERMException as stop:  # every rank stopped at the same step (app/job/fault_guard.py: FaultGuard)
         # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
         sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
     except KeyboardInterrupt:  # Ctrl-C before training started or after it ended
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def export_model(argv: list[str]) -> None:
-    """`train.py export ...` (app/export.py), with its mistakes in one line."""
+    """`train.py export ...` (app/run/export.py), with its mistakes in one line."""
     try:
         output = export(parse_export_arguments(argv))
     except Exception as error:

@@ -1,9 +1,9 @@
 """Every mistake a user can make ends in one line: what is wrong and what to do, from one process, exit status 1.
 
-`app.cli.main` catches the errors listed here and prints `describe(error)`, from one process (`app/report.py`).
-Mistakes found while parsing are jsonargparse's (shortened in `app/parser_messages.py`); values the parser accepts
-but torch or Lightning reject later are tied to the option the user set (`blame_option`); the rest raise `UserError`
-with their own message. Any other error is a bug, and keeps its traceback.
+`app.main.main` catches the errors listed here and prints `describe(error)`, from one process (`speaking.py`).
+Mistakes found while parsing are jsonargparse's (shortened in `parser_messages.py`); values the parser accepts but
+torch or Lightning reject later are tied to the option the user set (`blame_option`); the rest raise `UserError` with
+their own message. Any other error is a bug, and keeps its traceback.
 """
 
 import inspect
@@ -16,8 +16,8 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from app.parser_messages import shorten
-from app.report import TRACEBACK_VARIABLE
+from app.command_line.parser_messages import shorten
+from app.command_line.speaking import TRACEBACK_VARIABLE
 from datamodules import DataError
 
 
@@ -80,7 +80,7 @@ def _describe(error: BaseException, argv: list[str]) -> str:
     if isinstance(error, ArgumentError):
         return shorten(str(error), list(argv))
     if isinstance(error, pickle.UnpicklingError):  # Lightning loading a checkpoint from a URL, weights only
-        from app.checkpoints import unpickling_problem  # noqa: PLC0415 (app.checkpoints imports this module)
+        from app.run.checkpoints import unpickling_problem  # noqa: PLC0415 (app.run.checkpoints imports this module)
 
         ckpt_path = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--ckpt_path"), "")
         return unpickling_problem(f"--ckpt_path {ckpt_path}".strip(), error)

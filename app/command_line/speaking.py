@@ -19,8 +19,8 @@ from typing import NoReturn
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.local_processes import hand_over, take_the_word
-from app.peers import store_client, under_torchrun
+from app.job.early_start import hand_over, take_the_word
+from app.job.store import store_client, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")

@@ -16,8 +16,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.errors import UserError
-from app.peers import Heartbeats
+from app.command_line.errors import UserError
+from app.job.heartbeats import Heartbeats
 
 
 class StoppedBySignal(SIGTERMException):
@@ -43,7 +43,7 @@ class FaultGuard(Callback):
             flags. With 1 the ranks compare flags before every step, as often as Lightning does by itself.
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
-            (`app/peers.py`): no collective, nothing the training step waits for.
+            (`app/job/heartbeats.py`): no collective, nothing the training step waits for.
 
     Stop signals: `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped send SIGTERM; Ctrl-C sends
     SIGINT to every process of the job; a closed terminal or a dropped ssh session sends SIGHUP; SLURM sends SIGUSR1
@@ -175,7 +175,7 @@ class FaultGuard(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         """Ctrl-C outside training, where no handler of this guard is in place (processes meeting, the sanity check,
-        the test after training): stop as a shell expects, with status 130 (`app/cli.py`), where Lightning would
+        the test after training): stop as a shell expects, with status 130 (`app/main.py`), where Lightning would
         end the processes its launcher started with SIGKILL and exit with status 1."""
         if isinstance(exception, KeyboardInterrupt):
             _write_out_loggers(trainer)  # what Lightning does next, skipped by the raise

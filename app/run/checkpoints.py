@@ -1,0 +1,152 @@
+"""Checkpoint files: reading one that a user names (one line that says why when it is not one train.py can use), and
+writing one so that it is the old file or the new one, never half of one."""
+
+import errno
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from typing_extensions import override
+
+from app.command_line.errors import UserError
+
+LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
+
+
+def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, Any]:
+    """The contents of a checkpoint written by train.py, loaded as data only (loading cannot run code).
+
+    Raises `UserError` when `path` is missing, a folder, empty, truncated or corrupt, something other than a
+    checkpoint (a text file, an image, a tensor saved with torch.save), or a file that would run code when loaded.
+    """
+    path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.ckpt"))
+        hint = f" It holds {', '.join(inside[:3])}: give one of them." if inside else " Give a .ckpt file."
+        raise UserError(f"{option} {path} is a folder, not a checkpoint file.{hint}")
+    if not path.is_file():
+        raise UserError(f"{option} {path}: no such file. Give a checkpoint written by train.py (runs/*/checkpoints).")
+    if path.stat().st_size == 0:
+        raise UserError(f"{option} {path} is empty (0 bytes): its writing was cut off. Use another checkpoint.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UserError(unpickling_problem(f"{option} {path}", error)) from error
+    except Exception as error:  # torch's readers fail in many ways on bytes that are no checkpoint
+        raise UserError(_unreadable(path, option)) from error
+    if not isinstance(checkpoint, dict) or not all(key in checkpoint for key in LIGHTNING_KEYS):
+        raise UserError(
+            f"{option} {path} is no Lightning checkpoint: it was saved with torch.save, not by a Trainer, and holds"
+            " no model state. Give a checkpoint written by train.py (runs/*/checkpoints)."
+        )
+    return checkpoint
+
+
+def saved_model_class(checkpoint: dict[str, Any]) -> type | None:
+    """The model class a checkpoint of LightningCLI names (`hyper_parameters._class_path`, `models.SeqNet`), where it
+    is a LightningModule of a module imported already; else None. Nothing is imported: a checkpoint cannot choose
+    code to run. (Lightning's own `ImageClassifier.load_from_checkpoint` drops `_class_path` and would build the
+    base class: the subclass has to load it.)"""
+    module_name, _, class_name = checkpoint.get("hyper_parameters", {}).get("_class_path", "").rpartition(".")
+    found = getattr(sys.modules.get(module_name), class_name, None)
+    return found if isinstance(found, type) and issubclass(found, LightningModule) else None
+
+
+def _unreadable(path: Path, option: str) -> str:
+    with open(path, "rb") as file:
+        is_zip = file.read(4) == b"PK\x03\x04"  # torch saves checkpoints as zip archives
+    if is_zip:
+        return (
+            f"{option} {path} is truncated or corrupt: torch cannot read it as a checkpoint. Copy it again, or use"
+            " another checkpoint (last.ckpt, or the best one in the same folder)."
+        )
+    return unpickling_problem(f"{option} {path}", pickle.UnpicklingError())
+
+
+def unpickling_problem(what: str, error: pickle.UnpicklingError) -> str:
+    """Why torch's weights-only loader refused a file: code it would run (say so), or bytes that are no pickle."""
+    text = str(error)
+    if "Unsupported global" in text or "GLOBAL" in text:
+        reason = next((line.strip() for line in text.splitlines() if "Unsupported global" in line), "")
+        return (
+            f"refused to load {what}: it holds more than tensors and plain values, and loading it could run code"
+            f" ({reason or 'objects of unknown classes'}). If you trust its source, add --weights_only false."
+        )
+    return f"{what} is not a checkpoint (not a file saved by torch). Give a checkpoint written by train.py."
+
+
+# Writing
+
+FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"}
+PARTIAL = ".partial"  # `.last.ckpt.partial`: a save in progress, hidden beside its target
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write a local checkpoint beside its target, then rename it into place.
+
+    Lightning's own writer goes through an fsspec transaction whose temporary file lies in the system's temporary
+    folder; when that is another file system than the checkpoints (a tmpfs /tmp, say), the final move is a copy
+    into the target, and a process killed during it leaves a truncated `last.ckpt`. A rename within one folder is
+    atomic. The file is flushed to the disk (fsync) before the rename and its folder after it, so that a power cut
+    leaves the old checkpoint or the new one, never an empty `last.ckpt`: without the first fsync a file system may
+    commit the rename before the data. Remote paths (s3://, ...) keep Lightning's writer.
+
+    A full disk (or quota) ends the run in one line that names the folder; the partial file is removed, and the
+    previous checkpoint stays as it was. A partial file that a killed process left is removed when a run continues
+    from that folder (`remove_partial_files`).
+    """
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
+        if "://" in str(path) or storage_options is not None:
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}{PARTIAL}")
+        try:
+            with open(partial, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())  # the bytes are on the disk before the name points at them
+        except (OSError, RuntimeError) as error:
+            partial.unlink(missing_ok=True)
+            full = _disk_full(error)
+            if full is None:
+                raise
+            if target.exists():
+                then = f"{target} still holds the previous save. Free space there, then continue with --ckpt_path last"
+            else:
+                then = "Free space there, or choose another folder (--trainer.default_root_dir), and train again"
+            raise UserError(f"cannot save the checkpoint {target.name}: {full} in {target.parent}. {then}.") from error
+        os.replace(partial, target)
+        fsync_folder(target.parent)  # and the new name is on the disk too
+
+
+def remove_partial_files(folder: Path) -> None:
+    """Remove what an interrupted save left in `folder` (hidden `.NAME.partial` files), before a run continues."""
+    for leftover in folder.glob(f".*{PARTIAL}"):
+        leftover.unlink(missing_ok=True)
+
+
+def _disk_full(error: BaseException | None) -> str | None:
+    """ "no space left" or "disk quota exceeded" when `error` or what caused it says so; torch's writer reports a
+    failed write as a RuntimeError of its own, with the OSError as its context."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in FULL:
+            return FULL[error.errno]
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable: a file system may keep the folder's new entry in memory until then."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
