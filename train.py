@@ -11,13 +11,13 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 
 from app.command_line.quiet import silence_the_shutdown  # noqa: E402
-from app.job.early_start import start_local_processes  # noqa: E402
+from app.job.early_start import NodeProcesses  # noqa: E402
 from app.job.network import die_with_parent  # noqa: E402
 
 silence_the_shutdown()  # first, so that it comes last: the frozen objects below are never freed
 
 die_with_parent()  # before the slow imports below, while the launcher that started this process surely lives
-start_local_processes(sys.argv[1:])  # --devices N: the other processes import what follows at the same time
+node = NodeProcesses.start(sys.argv[1:])  # --devices N: the other processes import what follows at the same time
 
 try:
     from app.main import main
@@ -28,4 +28,4 @@ gc.freeze()
 gc.enable()
 
 if __name__ == "__main__":
-    main()  # exits with a non-zero status on errors
+    main(node=node)  # exits with a non-zero status on errors

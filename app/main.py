@@ -13,7 +13,7 @@ from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERR
 from app.command_line.quiet import silence_noise
 from app.command_line.speaking import TRACEBACK_WANTED, exit_with_bug, exit_with_error
 from app.command_line.train_cli import TrainCLI
-from app.job.early_start import MET, wait_for_the_others
+from app.job.early_start import NodeProcesses
 from app.job.network import choose_socket_interface
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
@@ -21,10 +21,12 @@ from app.run.export import parse as parse_export_arguments
 __all__ = ["close_process_group", "main", "parse_command"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, node: NodeProcesses | None = None) -> None:
+    """Run `train.py ARGV`; `node`: the processes of this node that train.py started first thing (none by default)."""
     argv = sys.argv[1:] if argv is None else argv
+    node = node or NodeProcesses()
     if argv[:1] == ["export"]:
-        export_model(argv[1:])
+        export_model(argv[1:], node)
         return
     args, test_after_fit = parse_command(argv)
     silence_noise(subcommand_of(args))
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once per node
         print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
     try:
-        cli = TrainCLI(args, test_after_fit)
+        cli = TrainCLI(args, test_after_fit, node)
     except SIGTERMException as stop:  # every rank stopped at the same step (app/job/fault_guard.py: FaultGuard)
         # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
         sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
@@ -42,16 +44,16 @@ def main(argv: list[str] | None = None) -> None:
         if TRACEBACK_WANTED:
             raise
         if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS)):
-            exit_with_error(describe(error, args))
+            exit_with_error(describe(error, args), node)
         if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
-            exit_with_error(PEER_LOST_MESSAGE)
-        exit_with_bug(error)
+            exit_with_error(PEER_LOST_MESSAGE, node)
+        exit_with_bug(error, node)
     finally:
-        close_process_group()
-    wait_for_the_others(cli.processes_started_here())
+        close_process_group(node)
+    node.wait_for_the_others(cli.processes_started_here())
 
 
-def export_model(argv: list[str]) -> None:
+def export_model(argv: list[str], node: NodeProcesses) -> None:
     """`train.py export ...` (app/run/export.py), with its mistakes in one line."""
     try:
         output = export(parse_export_arguments(argv))
@@ -59,12 +61,12 @@ def export_model(argv: list[str]) -> None:
         if TRACEBACK_WANTED:
             raise
         if isinstance(error, (ExportError, *USER_ERRORS)):
-            exit_with_error(describe(error))
-        exit_with_bug(error)
+            exit_with_error(describe(error), node)
+        exit_with_bug(error, node)
     print(f"Exported: {output}")
 
 
-def close_process_group() -> None:
+def close_process_group(node: NodeProcesses) -> None:
     """Destroy the process group while Python is still fully alive.
 
     Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
@@ -72,5 +74,5 @@ def close_process_group() -> None:
     without an active exception") after a run that finished well, and its exit status says it failed.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        MET.set()  # a process this one started that ends now is not one that failed before the meeting
+        node.met.set()  # a process this one started that ends now is not one that failed before the meeting
         torch.distributed.destroy_process_group()

@@ -61,6 +61,17 @@ def check_counts(values: dict[str, object]) -> None:
             raise UserError(f"{option} {value}: must be 1 or more. Give {option} another value.")
 
 
+SEEDS = (0, 2**32 - 1)  # what NumPy, and so Lightning's seed_everything, takes
+
+
+def check_seed(seed: object) -> None:
+    """Refuse a seed that Lightning's `seed_everything` would refuse after printing its first lines."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not SEEDS[0] <= seed <= SEEDS[1]:
+        raise UserError(
+            f"--seed_everything {seed}: must be from {SEEDS[0]} to {SEEDS[1]}. Give --seed_everything another value."
+        )
+
+
 def check_sync_batchnorm(trainer: Trainer, sync_batchnorm: bool) -> None:
     if sync_batchnorm and isinstance(trainer.accelerator, CPUAccelerator):
         raise MisconfigurationException(

@@ -19,7 +19,7 @@ from typing import NoReturn
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.job.early_start import hand_over, take_the_word
+from app.job.early_start import NodeProcesses
 from app.job.store import store_client, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
@@ -32,17 +32,18 @@ CAUSE = "\nThe above exception was the direct cause of the following exception:\
 CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
-def exit_with_error(message: str) -> NoReturn:
+def exit_with_error(message: str, node: NodeProcesses) -> NoReturn:
     """Print `error: MESSAGE` from one process of the job (`error (rank N): ...` from another rank than 0), exit 1."""
-    exit_reporting(f"{_error_label()}: {message}")
+    exit_reporting(f"{_error_label()}: {message}", node)
 
 
-def exit_with_bug(error: BaseException) -> NoReturn:
+def exit_with_bug(error: BaseException, node: NodeProcesses) -> NoReturn:
     """Print a short traceback of an error this program did not expect, from one process of the job, and exit 1."""
     exit_reporting(
         f"{_error_label()}: an unexpected {type(error).__name__}, a bug in the code rather than a mistake in the"
         f" command; library frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all, from every process).\n"
-        f"{short_traceback(error)}"
+        f"{short_traceback(error)}",
+        node,
     )
 
 
@@ -51,13 +52,13 @@ def _error_label() -> str:
     return "error" if rank == 0 else f"error (rank {rank})"
 
 
-def exit_reporting(text: str) -> NoReturn:
+def exit_reporting(text: str, node: NodeProcesses) -> NoReturn:
     """Print `text` to standard error, unless another process of the job failed first and said why; exit 1."""
     store = _job_store()
     if store is None:  # one process, or processes that have not met yet: the launching process speaks for its node
-        if hand_over(text):
+        if node.hand_over(text):
             sys.exit(1)
-        take_the_word()
+        node.take_the_word()
         sys.exit(text)
     try:
         first = store.add("failed", 1) == 1

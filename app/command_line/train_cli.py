@@ -24,13 +24,14 @@ from app.command_line.checks import (
     check_counts,
     check_data,
     check_launcher,
+    check_seed,
     check_sync_batchnorm,
     check_writable,
 )
 from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
-from app.job.early_start import CHECKED, ctrl_c_ends_the_meeting, wait_for_the_meeting_place
+from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
 from app.job.fault_guard import FaultGuard
 from app.job.rendezvous import announce_rendezvous
 from app.run.checkpoints import AtomicCheckpointIO, remove_partial_files
@@ -86,8 +87,9 @@ class HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
 class TrainCLI(LightningCLI):
     """LightningCLI with the Trainer defaults of this project and a fit-then-test default command."""
 
-    def __init__(self, args: list[str], test_after_fit: bool = False) -> None:
+    def __init__(self, args: list[str], test_after_fit: bool = False, node: NodeProcesses | None = None) -> None:
         self.test_after_fit = test_after_fit
+        self.node = node or NodeProcesses()  # the processes of this node train.py started (app/job/early_start.py)
         self.chosen_subcommand = subcommand_of(args)
         self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
         self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
@@ -134,6 +136,14 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
+        """Parse, and check the values that Lightning takes unchecked (or checks late) where they enter."""
+        self._parse_with_the_starts_settings(parser, args)
+        if self.config.get("subcommand"):
+            check_accelerator(self._setting("trainer.accelerator"))  # before anything else is printed
+            check_counts({f"--trainer.{name}": self._setting(f"trainer.{name}") for name in COUNTS})
+            check_seed(self._setting("seed_everything"))
+
+    def _parse_with_the_starts_settings(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse; with `--ckpt_path` the run or checkpoint it names brings its settings as defaults.
 
         Continuing a run (`--ckpt_path last`, or a run's folder) takes the run's newest record of its settings;
@@ -174,7 +184,7 @@ class TrainCLI(LightningCLI):
             config.trainer.callbacks = [
                 c for i, c in enumerate(config.trainer.callbacks) if c not in config.trainer.callbacks[:i]
             ]
-        dumped = yaml.safe_load(self._subcommand_parsers[subcommand].dump(config, skip_none=False))
+        dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[subcommand]
         self.start.changes = changes_between(self.start.settings, dumped)
         refuse_another_class(self.start)
         if self.start.run is not None and subcommand == "fit":
@@ -201,20 +211,13 @@ class TrainCLI(LightningCLI):
                 return find_start(str(path), subcommand_of(args), Path(), Path()) if named else None
         return None
 
+    def _setting(self, key: str, config=None):
+        """The value of an option of the subcommand run, `trainer.accelerator` say (of `config`, or the parsed one)."""
+        config = self.config if config is None else config
+        return config[config["subcommand"]][key]
+
     def _parse_ckpt_path(self) -> None:
         """Nothing: the checkpoint's settings are defaults here (`parse_arguments`), below the command line."""
-
-    def _set_seed(self) -> None:
-        check_accelerator(self._get(self.config, "trainer.accelerator"))  # before anything else is printed
-        trainer = self._get(self.config, "trainer")
-        check_counts({f"--trainer.{name}": trainer[name] for name in COUNTS})
-        seed = self._get(self.config, "seed_everything")
-        try:
-            super()._set_seed()
-        except ValueError as error:  # the seed is all that Lightning's seed_everything takes
-            raise UserError(
-                f"--seed_everything {seed}: {one_line(error)}. Give --seed_everything another value."
-            ) from error
 
     def instantiate_classes(self) -> None:
         with self._errors_named_by_option():
@@ -225,7 +228,7 @@ class TrainCLI(LightningCLI):
         meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
         wait_for_the_meeting_place()
         try:
-            with self._errors_named_by_option(), meeting, ctrl_c_ends_the_meeting():
+            with self._errors_named_by_option(), meeting, self.node.ctrl_c_ends_the_meeting():
                 super()._run_subcommand(subcommand)
         except BaseException:
             if subcommand == "fit" and self.run is not None and not self.run.trained and trainer.global_rank == 0:
@@ -268,14 +271,14 @@ class TrainCLI(LightningCLI):
         """Give the Trainer this project's TensorBoard logger in the folder this command writes into
         (`_folder_to_write`), the checkpoint `--ckpt_path` stands for, and checkpoint files written atomically
         (unless --trainer.plugins says otherwise)."""
-        trainer_config = self._get(self.config_init, "trainer")
+        trainer_config = self._setting("trainer", self.config_init)
         if trainer_config["plugins"] is None:
             kwargs["plugins"] = [AtomicCheckpointIO()]
         if trainer_config["logger"] in (None, True, False):  # not a logger of the user's, which has its own folder
             self.run = self._folder_to_write(Path(trainer_config["default_root_dir"] or "."))
         elif self._continuing():
             raise UserError(
-                f"--ckpt_path {self._get(self.config, 'ckpt_path')} continues {self.start.run} in its folder, where"
+                f"--ckpt_path {self._setting('ckpt_path')} continues {self.start.run} in its folder, where"
                 " --trainer.logger would not write: leave --trainer.logger out to continue the run, or start a new"
                 f" run from its weights with --ckpt_path {self.start.checkpoint}."
             )
@@ -332,7 +335,7 @@ class TrainCLI(LightningCLI):
         """The folders global rank 0 writes the run's logs, checkpoints and predictions into, by option."""
         folders = {"--trainer.default_root_dir": self.trainer.default_root_dir}
         for name in ("checkpoint", "last_checkpoint"):
-            if dirpath := self._get(self.config, f"{name}.dirpath"):
+            if dirpath := self._setting(f"{name}.dirpath"):
                 folders[f"--{name}.dirpath"] = dirpath
         if self.subcommand == "predict" and (path := self._prediction_writer().chosen_path()):
             folders["--predictions.path"] = path.parent
@@ -361,7 +364,7 @@ class TrainCLI(LightningCLI):
                 remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
-        CHECKED.set()  # from here, a mistake met by a process train.py started early is that process's own
+        self.node.checked.set()  # from here, a mistake met by a process train.py started early is its own
 
     def _continuing(self) -> bool:
         """Whether this command continues a run in its folder (`fit --ckpt_path last`, or a run's folder)."""
@@ -389,7 +392,7 @@ class TrainCLI(LightningCLI):
             hparams.batch_size = self.config[self.subcommand].data.batch_size = batch_size  # and the run's record
 
     def _say_where_it_starts(self) -> None:
-        ckpt_path = self._get(self.config, "ckpt_path")
+        ckpt_path = self._setting("ckpt_path")
         changes = f"; changed: {', '.join(map(str, self.start.changes))}" if self.start.changes else ""
         if self.subcommand == "fit":
             how = f"continuing {self.start.where}" if self.start.run else f"a new run from {self.start.where}"
@@ -406,8 +409,8 @@ class TrainCLI(LightningCLI):
         return next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
 
     def before_fit(self) -> None:
-        check_sync_batchnorm(self.trainer, self._get(self.config, "trainer.sync_batchnorm"))
-        if self._get(self.config, "ckpt_path") == "last" and self.start is None:
+        check_sync_batchnorm(self.trainer, self._setting("trainer.sync_batchnorm"))
+        if self._setting("ckpt_path") == "last" and self.start is None:
             rank_zero_info(f"--ckpt_path last: nothing to continue in {self._runs_of_model()}, starting a new run.")
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
         if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator):
