@@ -180,7 +180,8 @@ class MNISTDataModule(LightningDataModule):
         elif len(images) != len(targets):
             problem = f"they disagree: {len(images)} images but {len(targets)} labels"
         elif targets.min() < 0 or targets.max() >= len(self.class_names):
-            problem = f"labels must be 0 to {len(self.class_names) - 1}, and one is {int(targets.max())}"
+            wrong = targets.min() if targets.min() < 0 else targets.max()
+            problem = f"labels must be 0 to {len(self.class_names) - 1}, and one is {int(wrong)}"
         if problem:
             raise DataError(
                 f"The {split} files in {self.raw_folder} are not {self.dataset_class.__name__}: {problem}."

@@ -10,7 +10,7 @@ class SeqNet(ImageClassifier):
 
     The tutorial applies `log_softmax` between the second and third linear layer (so the last layer sees
     log-probabilities instead of features), and divides images by 255 after `ToTensor()` already did. Here the
-    hidden layers end in a sigmoid as intended, and the datamodule normalises the images once.
+    hidden layers end in a sigmoid as intended, and the images are normalised once, by the model (`ImageClassifier`).
     """
 
     def __init__(self, **kwargs) -> None:  # optimizer, lr_scheduler, one_cycle, ...: see ImageClassifier

@@ -111,6 +111,14 @@ def test_truncated_files_are_reported_as_corrupt(data_dir, tmp_path, name):
         fitted(tmp_path, dataset="mnist")
 
 
+@pytest.mark.parametrize("wrong", [-3, 12])
+def test_a_label_out_of_range_is_named_by_its_value(data_dir, wrong):
+    # IDX label files hold unsigned bytes; a folder of labelled tensors or another reader may not.
+    targets = torch.tensor([0, 9, wrong, 5])
+    with pytest.raises(DataError, match=f"labels must be 0 to 9, and one is {wrong}\\."):
+        MNISTDataModule(data_dir=str(data_dir))._check_contents("train", torch.zeros(4, 28, 28), targets)
+
+
 def test_a_validation_set_as_large_as_the_training_file_is_refused(data_dir):
     with pytest.raises(DataError, match="val_size"):
         fitted(data_dir, val_size=TRAIN_SIZE)

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.errors import UserError
 from app.job.heartbeats import Heartbeats
+from app.job.store import store_client
 
 
 class StoppedBySignal(SIGTERMException):
@@ -61,7 +62,8 @@ class FaultGuard(Callback):
     job, which SLURM then stops with SIGTERM. After another signal all save `last.ckpt` there, in the middle of the
     epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
     which train.py turns into exit status 128 + the signal. `--ckpt_path last` continues from the next sample. A
-    second Ctrl-C stops at once. Outside training (a test, a validation, a prediction: nothing there to keep) and
+    second Ctrl-C stops at once. Ctrl-C during fit's sanity check is recorded the same way: the run stops at the
+    first check of training. Outside fit (a test, a validation, a prediction: nothing there to keep) and
     before it (while the processes meet), a stop signal stops at once, with its status (130, 143).
 
     The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
@@ -97,8 +99,9 @@ class FaultGuard(Callback):
         # The same names on every rank: each stage of this run, each restart of a torchrun job, has its own keys.
         namespace = f"fault_guard/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{self.stages}/"
         self.stages += 1
+        store = torch.distributed.PrefixStore(namespace, store_client(timeout_s=self.stall_timeout))
         self.heartbeats = Heartbeats(
-            trainer.global_rank, trainer.world_size, self.stall_timeout, namespace, self._before_stall_exit
+            trainer.global_rank, trainer.world_size, self.stall_timeout, store, self._before_stall_exit
         )
         self.heartbeats.start()
 
@@ -174,17 +177,19 @@ class FaultGuard(Callback):
         raise StoppedBySignal(stop_signal)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        """Ctrl-C outside training, where no handler of this guard is in place (processes meeting, the sanity check,
-        the test after training): stop as a shell expects, with status 130 (`app/main.py`), where Lightning would
-        end the processes its launcher started with SIGKILL and exit with status 1."""
+        """A stage failed: this process says so itself, so the others stop watching its heartbeat (Lightning calls
+        this hook, not `teardown`, after a failure; a process that outlives its failure must not be named frozen).
+
+        Ctrl-C where no handler of this guard is in place (while the processes meet; in a test, validate or predict
+        command; in the test after training): stop as a shell expects, with status 130 (`app/main.py`),
+        where Lightning would end the processes its launcher started with SIGKILL and exit with status 1."""
+        self._stop_heartbeats()
         if isinstance(exception, KeyboardInterrupt):
             _write_out_loggers(trainer)  # what Lightning does next, skipped by the raise
             raise exception
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self.heartbeats is not None:
-            self.heartbeats.stop()
-            self.heartbeats = None
+        self._stop_heartbeats()
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
         vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
@@ -192,6 +197,11 @@ class FaultGuard(Callback):
             signal.signal(signum, handler)
         self._previous_handlers = {}
         self.last_loss = None
+
+    def _stop_heartbeats(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+            self.heartbeats = None
 
 
 def _write_out_loggers(trainer: Trainer) -> None:

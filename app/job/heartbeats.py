@@ -13,7 +13,10 @@ from contextlib import suppress
 
 import torch.distributed as dist
 
-from app.job.store import store_client, under_torchrun
+from app.job.store import under_torchrun
+
+# What a store call raises when no answer came within the store's timeout (the store lives, its holder may not).
+NO_ANSWER_IN_TIME = (dist.DistStoreError, TimeoutError)
 
 
 class Heartbeats:
@@ -26,15 +29,25 @@ class Heartbeats:
     agent) is the silent one. The counts come from a thread: a long validation, a checkpoint on slow storage or a
     download by one rank keeps counting, while the process runs at all.
 
-    `on_stall` is called before the process ends and returns what is kept of the run (a sentence).
+    `store` is the job's store (under a prefix of this stage's own), `on_stall` is called before the process ends
+    and returns what is kept of the run (a sentence), and `end_job` ends the process (tests give their own).
     """
 
     LEFT = 10**12  # added to a count by a process that stopped watching on purpose: the others stop watching it too
 
-    def __init__(self, rank: int, world_size: int, limit_s: float, namespace: str, on_stall: Callable[[], str]):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        limit_s: float,
+        store: dist.Store,
+        on_stall: Callable[[], str],
+        end_job: Callable[[int], object] = os._exit,
+    ):
         self.rank, self.world_size, self.limit_s = rank, world_size, limit_s
-        self.namespace = namespace
+        self.store = store
         self.on_stall = on_stall
+        self.end_job = end_job
         self.interval_s = min(max(limit_s / 10, 0.5), 10)
         self.stopped = threading.Event()
         self.ending = threading.Lock()
@@ -42,7 +55,6 @@ class Heartbeats:
         self.last_answer = time.monotonic()
 
     def start(self) -> None:
-        self.store = dist.PrefixStore(self.namespace, store_client(timeout_s=self.limit_s))
         me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space()}
         self.store.set(f"who/{self.rank}", json.dumps(me))
         self.store.add(f"beat/{self.rank}", 1)
@@ -69,7 +81,10 @@ class Heartbeats:
                         json.loads(value)
                         for value in self.store.multi_get([f"who/{r}" for r in range(self.world_size)])
                     ]
-            except Exception:  # the store is gone: its process ended, so does the job; nothing to watch
+            except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_watch_store` names it once `limit_s` is over
+                self.stopped.wait(self.interval_s)
+                continue
+            except Exception:  # the store is gone (connection closed): its process ended, so does the job
                 self.stopped.set()
                 return
             now = self.last_answer = time.monotonic()
@@ -101,11 +116,13 @@ class Heartbeats:
             print(error, file=sys.stderr, flush=True)
         else:
             self.on_stall()
-        for rank in silent:
-            if rank < len(self.who) and self.who[rank]["pid_space"] == _pid_space():
+        here = _pid_space()
+        for rank in silent:  # a process of this machine and pid namespace only: a pid means nothing elsewhere
+            if here is not None and rank < len(self.who) and self.who[rank]["pid_space"] == here:
                 with suppress(OSError):
                     os.kill(self.who[rank]["pid"], signal.SIGKILL)
-        os._exit(1)
+        self.stopped.set()
+        self.end_job(1)
 
     def _describe(self, rank: int) -> str:
         if rank >= len(self.who):
@@ -119,7 +136,8 @@ class Heartbeats:
 
 
 def _pid_space() -> str | None:
-    """Which process ids this process can signal: the machine's boot and the pid namespace (containers differ)."""
+    """Which process ids this process can signal: the machine's boot and the pid namespace (containers differ);
+    None where /proc does not say."""
     with suppress(OSError), open("/proc/sys/kernel/random/boot_id") as boot:
         return f"{boot.read().strip()}:{os.readlink('/proc/self/ns/pid')}"
     return None

@@ -25,8 +25,9 @@ class Dashboard(Callback):
 
     Speed is measured on rank 0 by the wall clock over each logging interval (`--trainer.log_every_n_steps`), with
     no device synchronisation: `perf/samples_per_s` counts the samples of all ranks, `perf/step_ms` is the mean
-    time of one training step. Both also show in the progress bar. (Lightning's `ThroughputMonitor` would call
-    `torch.cuda.synchronize()` after every step on a GPU, and its clock runs through validation and checkpoints.)
+    time of one optimizer step (all the batches it accumulates). Both also show in the progress bar. (Lightning's
+    `ThroughputMonitor` would call `torch.cuda.synchronize()` after every step on a GPU, and its clock runs through
+    validation and checkpoints.)
     Per-class accuracy comes from the validation confusion matrix the model has already summed over the ranks;
     torchmetrics' `ClasswiseWrapper` would count the same predictions again and sync them in one more collective.
     """
@@ -45,24 +46,26 @@ class Dashboard(Callback):
                 writer.add_graph(pl_module, example)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start_interval()  # a run resumed in the middle of an epoch gets no on_train_epoch_start first
+        self._start_interval(trainer)  # a run resumed in the middle of an epoch gets no on_train_epoch_start first
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start_interval()  # the time between epochs (validation, checkpoints) is not training speed
+        self._start_interval(trainer)  # the time between epochs (validation, checkpoints) is not training speed
 
-    def _start_interval(self) -> None:
-        self._interval_start, self._interval_steps = time.perf_counter(), 0
+    def _start_interval(self, trainer: Trainer) -> None:
+        self._interval_start, self._interval_batches = time.perf_counter(), 0
+        self._interval_first_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        self._interval_steps += 1
-        every = trainer.log_every_n_steps  # 0: never, as Lightning reads it
-        if not every or trainer.global_step % every != 0 or not trainer.is_global_zero:
+        self._interval_batches += 1
+        steps = trainer.global_step - self._interval_first_step  # optimizer steps: a batch is a step's part under
+        every = trainer.log_every_n_steps  # gradient accumulation. 0: never, as Lightning reads it
+        if not every or not steps or trainer.global_step % every != 0 or not trainer.is_global_zero:
             return
         seconds = time.perf_counter() - self._interval_start
-        samples = self._interval_steps * len(batch[0]) * trainer.world_size
-        speed = {"perf/samples_per_s": samples / seconds, "perf/step_ms": 1000 * seconds / self._interval_steps}
+        samples = self._interval_batches * len(batch[0]) * trainer.world_size
+        speed = {"perf/samples_per_s": samples / seconds, "perf/step_ms": 1000 * seconds / steps}
         pl_module.log_dict(speed, prog_bar=True, rank_zero_only=True)
-        self._start_interval()
+        self._start_interval(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:

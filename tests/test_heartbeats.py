@@ -1,0 +1,131 @@
+"""Who stopped answering, in-process: the heartbeats of two "ranks" against a local TCPStore.
+
+The real runs (a frozen rank under both launchers, a frozen store holder) are in tests/test_faults.py; these try
+the cases a real run reaches only by chance: a rank that failed and said so, a store call that timed out, a host
+whose /proc says nothing.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from app.job import heartbeats
+from app.job.fault_guard import FaultGuard
+from app.job.heartbeats import Heartbeats
+
+LIMIT_S = 1.0  # seconds of silence before a rank is named; the threads look every 0.5 s
+
+
+@pytest.fixture
+def store():
+    """The job's store, held by this process (global rank 0's role under Lightning's launcher)."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+
+
+def client(store: dist.TCPStore, prefix: str = "stage/") -> dist.Store:
+    """What FaultGuard gives each rank: a client of its own, under the stage's prefix."""
+    tcp = dist.TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5))
+    return dist.PrefixStore(prefix, tcp)
+
+
+class Watcher:
+    """Rank 0's heartbeats, with the end of the job recorded instead of done."""
+
+    def __init__(self, store: dist.Store, rank: int = 0) -> None:
+        self.ended = threading.Event()
+        self.beats = Heartbeats(rank, 2, LIMIT_S, store, on_stall=lambda: "nothing kept", end_job=self._end)
+
+    def _end(self, status: int) -> None:
+        self.status = status
+        self.ended.set()
+
+
+def a_rank_that_beat_once(store: dist.Store, rank: int, pid: int, pid_space: str | None) -> None:
+    """A rank that said who it is and beat once, then never again: frozen."""
+    store.set(f"who/{rank}", json.dumps({"host": "this-host", "pid": pid, "pid_space": pid_space}))
+    store.add(f"beat/{rank}", 1)
+
+
+@pytest.fixture
+def bystander():
+    """A process that has nothing to do with the job; it must never be killed by mistake."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_rank_that_stopped_beating_is_named_and_killed_and_the_job_ends(store, capsys, bystander):
+    watcher = Watcher(client(store))
+    a_rank_that_beat_once(client(store), 1, bystander.pid, heartbeats._pid_space())
+    watcher.beats.start()
+    assert watcher.ended.wait(LIMIT_S * 20), "rank 1 was never named"
+    assert watcher.status == 1
+    said = capsys.readouterr()
+    assert f"Global rank 1 (pid {bystander.pid} on this-host) has given no sign of life for" in said.out
+    assert "error: a process of the job stopped answering, so the job ends; nothing kept." in said.err
+    assert bystander.wait(timeout=30) == -signal.SIGKILL  # a frozen process of this host would stay forever
+
+
+def test_a_process_whose_pid_space_is_unknown_is_not_killed(store, bystander, monkeypatch):
+    monkeypatch.setattr(heartbeats, "_pid_space", lambda: None)  # no /proc: where that pid lives is not known
+    watcher = Watcher(client(store))
+    a_rank_that_beat_once(client(store), 1, bystander.pid, None)
+    watcher.beats.start()
+    assert watcher.ended.wait(LIMIT_S * 20), "rank 1 was never named"
+    assert bystander.poll() is None, "a process of that pid was killed"
+
+
+def test_a_rank_whose_stage_failed_is_not_named_frozen_by_the_others(store, capsys):
+    watcher = Watcher(client(store))
+    guard = FaultGuard(stall_timeout=1)
+    guard.heartbeats = Heartbeats(1, 2, LIMIT_S, client(store), on_stall=lambda: "", end_job=lambda status: None)
+    guard.heartbeats.start()
+    watcher.beats.start()
+    guard.on_exception(None, None, RuntimeError("rank 1's stage failed; it says so itself"))  # what Lightning calls
+    assert guard.heartbeats is None
+    # Rank 1's count stops moving; a bug names it after LIMIT_S. Watch three times as long.
+    assert not watcher.ended.wait(LIMIT_S * 3), capsys.readouterr().out
+    watcher.beats.stop()
+
+
+class TimesOut:
+    """A store whose holder stopped answering: each call ends with the error a TCPStore raises at its timeout."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self.store, self.frozen = store, False
+        probe = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=0.1))
+        with pytest.raises(dist.DistStoreError) as timed_out:
+            probe.get("a key nobody sets")
+        self.error = timed_out.value
+
+    def __getattr__(self, name: str):
+        if self.frozen:
+            raise self.error
+        return getattr(self.store, name)
+
+
+def test_a_store_call_that_times_out_names_the_store_holder(store, capsys):
+    timing_out = TimesOut(client(store))
+    watcher = Watcher(timing_out, rank=1)
+    a_rank_that_beat_once(client(store), 0, os.getpid(), None)
+    watcher.beats.start()
+    timing_out.frozen = True
+    assert watcher.ended.wait(LIMIT_S * 20), "the store's holder was never named"
+    assert "holds the job's store, which has not answered for" in capsys.readouterr().out
+
+
+def test_a_store_that_is_gone_ends_the_watching_without_a_word(capsys):
+    holder = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    watcher = Watcher(client(holder))
+    watcher.beats.start()
+    del holder  # the store's process ended: so does the job, without these threads
+    assert watcher.beats.stopped.wait(LIMIT_S * 20), "still watching a store that is gone"
+    assert not watcher.ended.is_set() and capsys.readouterr().out == ""
