@@ -1,10 +1,19 @@
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.helpers import run_train, scalars
+from tests.helpers import LAUNCH_PATHS, run_train, scalars
 from tests.synthetic import write_dataset
+
+# One thread per process: the suite runs four workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
+# torch's default of a thread per core has the threads of every process spin against each other (15% of the suite's
+# time). Results do not depend on it; every process a test starts inherits it.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)  # this process's own, read when torch was imported
 
 TRAIN_SIZE, TEST_SIZE = 1200, 301  # 301 divides by neither 2 nor 3 ranks
 
@@ -32,6 +41,12 @@ def restore_environment():
     os.environ.update(saved)
 
 
+@pytest.fixture(params=list(LAUNCH_PATHS))
+def launch(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The options that choose how the other processes of a node start: a test that takes this runs under both."""
+    return LAUNCH_PATHS[request.param]
+
+
 @pytest.fixture(scope="session")
 def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     """A SeqNet trained for one epoch on the synthetic MNIST, and its test accuracy as the run logged it."""
@@ -43,3 +58,30 @@ def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     (run,) = (root / "SeqNet-mnist").iterdir()
     best = next(path for path in (run / "checkpoints").iterdir() if path.name != "last.ckpt")
     return best, scalars(run)["test/acc"][0]
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: hosts 10.99.0.1 and 10.99.0.2, each with its own loopback.
+
+    Needs root and iproute2; the test is skipped, saying why, where they are missing.
+    """
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2 (ip)")
+    names = [f"lddp{os.getpid()}{side}" for side in "ab"]
+    setup = [
+        *(["ip", "netns", "add", name] for name in names),
+        ["ip", "link", "add", f"{names[0]}v", "type", "veth", "peer", "name", f"{names[1]}v"],
+        *(["ip", "link", "set", f"{name}v", "netns", name] for name in names),
+        *(["ip", "-n", name, "addr", "add", f"10.99.0.{i + 1}/24", "dev", f"{name}v"] for i, name in enumerate(names)),
+        *(["ip", "-n", name, "link", "set", device, "up"] for name in names for device in ("lo", f"{name}v")),
+    ]
+    try:
+        for command in setup:
+            made = subprocess.run(command, capture_output=True, text=True)
+            if made.returncode != 0:
+                pytest.skip(f"cannot make network namespaces here: {' '.join(command)}: {made.stderr.strip()}")
+        yield names
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)

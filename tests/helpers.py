@@ -41,6 +41,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# The two ways the other processes of a node start (docs/architecture.md): train.py starts them before its imports (the
+# early start: `--devices N`), or Lightning's launcher starts them once the first process has built the Trainer (a GPU
+# machine's `--devices auto`, a cluster environment given). LightningEnvironment, the one Lightning picks by itself,
+# given explicitly turns the early start off. Tests that take the `launch` fixture (tests/conftest.py) run under both.
+LAUNCH_PATHS = {
+    "early start": (),
+    "Lightning's launcher": ("--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"),
+}
+WAIT_S = 60  # the longest a test instrument waits for another process before it fails the run
+
+
 # A short run on the synthetic data (tests/conftest.py): the options each test starts from, by a name of their own.
 SMALL_RUN = {
     "--model": "SeqNet",
@@ -136,6 +147,16 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
         if process.returncode is None:
             process.communicate()
     return Run(process.returncode, stdout, stderr, process.pid)
+
+
+def wait_for_no_process(marker: str, timeout: float) -> str:
+    """The command lines of the processes whose command line holds `marker`, once none is left or at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    return left
 
 
 def scalars(log_dir: Path) -> dict[str, list[float]]:
@@ -299,7 +320,10 @@ class SigtermWhileOthersWait(Callback):
             (folder / f"rank{trainer.global_rank}_goes_to_sync").touch()
             return
         others = [folder / f"rank{rank}_goes_to_sync" for rank in range(1, trainer.world_size)]
+        deadline = time.monotonic() + WAIT_S
         while not all(path.exists() for path in others):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not every rank went on to the metrics' sync within {WAIT_S} s")
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -358,8 +382,10 @@ class CtrlCAfterStep(Callback):
             guard = next(callback for callback in trainer.callbacks if type(callback).__name__ == "FaultGuard")
             for _press in range(self.presses):
                 os.killpg(os.getpgrp(), signal.SIGINT)
+                deadline = time.monotonic() + WAIT_S
                 while guard.stop_signal is None:  # Python runs the handler between two steps of this loop
-                    pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"SIGINT did not reach FaultGuard's handler in {WAIT_S} s")
 
 
 class DivergeInEpoch(Callback):
@@ -428,3 +454,14 @@ class FailAtExit(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.global_rank == self.rank and stage == "fit":
             atexit.register(os.abort if self.abort else lambda: os._exit(3))
+
+
+class RecordCheckpointIO(Callback):
+    """Test instrument: global rank 0 writes the class name of the Trainer's checkpoint writer to `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == 0:
+            Path(self.path).write_text(type(trainer.strategy.checkpoint_io).__name__)

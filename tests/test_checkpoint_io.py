@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from app.run.checkpoints import AtomicCheckpointIO
+from tests.helpers import run_train, small_run
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -31,3 +32,15 @@ def test_a_completed_save_replaces_the_file_and_leaves_nothing_else(tmp_path):
         io.save_checkpoint({"epoch": epoch}, path)
     assert torch.load(path, weights_only=True)["epoch"] == 2
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+@pytest.mark.parametrize(
+    "plugins",
+    [[], ["--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"]],
+    ids=["no plugins", "a cluster environment"],
+)
+def test_a_run_writes_its_checkpoints_atomically_unless_a_checkpoint_writer_is_given(data_dir, tmp_path, plugins):
+    record = ("--trainer.callbacks+=tests.helpers.RecordCheckpointIO", "--trainer.callbacks.path", str(tmp_path / "io"))
+    result = run_train("fit", *small_run(data_dir, tmp_path, *plugins, *record, "--trainer.max_steps", "1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "io").read_text() == "AtomicCheckpointIO"

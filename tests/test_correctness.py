@@ -57,9 +57,13 @@ def test_two_processes_train_the_same_seqnet_as_one_process_with_twice_the_batch
     assert max_difference(one["weights"], two["weights"]) < TOLERANCE
 
 
+# Reproducible with data-loading workers too (each seeded from the run's seed); shared by the ConvNet tests' runs.
+WORKERS = ("--data.num_workers", "1", "--trainer.log_every_n_steps", "2")
+
+
 def test_convnet_batchnorm_makes_two_processes_differ_from_one(train):
-    one = train("ConvNet", 1, 100)
-    two = train("ConvNet", 2, 50)
+    one = train("ConvNet", 1, 100, *WORKERS)
+    two = train("ConvNet", 2, 50, *WORKERS)
     # Each rank's BatchNorm normalises with the statistics of its own 50 samples: a different computation.
     assert max_difference(one["weights"], two["weights"]) > 100 * TOLERANCE
 
@@ -81,13 +85,12 @@ def test_sync_batchnorm_on_cpu_is_refused_in_one_line():
 
 
 def test_same_seed_and_config_give_identical_runs(train):
-    extra = ("--data.num_workers", "1", "--trainer.log_every_n_steps", "2")
-    first = train("ConvNet", 2, 50, *extra)
-    second = train("ConvNet", 2, 50, *extra, repeat=1)
+    first = train("ConvNet", 2, 50, *WORKERS)
+    second = train("ConvNet", 2, 50, *WORKERS, repeat=1)
     assert max_difference(first["weights"], second["weights"]) == 0.0
     for tag in ("train/loss", "val/loss", "val/acc"):
         assert first["scalars"][tag] == second["scalars"][tag]
-    reseeded = train("ConvNet", 2, 50, *extra, "--seed_everything", "7")
+    reseeded = train("ConvNet", 2, 50, *WORKERS, "--seed_everything", "7")
     assert max_difference(first["weights"], reseeded["weights"]) > 100 * TOLERANCE
 
 

@@ -134,8 +134,8 @@ def test_weights_that_do_not_fit_the_model_are_refused(checkpoint, data_dir, tmp
 # 2. Values the parser accepts but torch, Lightning or the model reject later
 
 
-def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data_dir, tmp_path):
-    result = run_train(*one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1"), timeout=120)
+def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data_dir, tmp_path, launch):
+    result = run_train(*one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1", *launch), timeout=120)
     assert_one_error_line(result, "--model.optimizer.lr -1.0: Invalid learning rate", "Give --model.optimizer.lr")
 
 
@@ -209,11 +209,11 @@ def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_pa
 
 
 @pytest.mark.parametrize("rank", ["null", pytest.param("1", marks=pytest.mark.slow)])
-def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank):
+def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank, launch):
     """A bug on every rank (null) or on rank 1 alone: its traceback once, from the process that failed first, with
     the frames of Lightning summed up and the frame that raised it shown; no line from the rank that lost its peer."""
     failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", f"--trainer.callbacks.rank={rank}")
-    result = run_train(*one_run(data_dir, tmp_path, *failing))
+    result = run_train(*one_run(data_dir, tmp_path, *failing, *launch))
     assert result.returncode == 1, result.stderr[-3000:]
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(error_lines) == 1 and "an unexpected RuntimeError" in error_lines[0], result.stderr[-3000:]
@@ -382,9 +382,9 @@ def test_invalid_data_files_end_in_one_line_when_loaded(data_dir, tmp_path, kind
     assert "Delete them and download or copy them again." in message
 
 
-def test_labels_out_of_range_stop_a_real_run_before_training(data_dir, tmp_path):
+def test_labels_out_of_range_stop_a_real_run_before_training(data_dir, tmp_path, launch):
     spoil(copy_of_the_data(data_dir, tmp_path / "data"), "label_out_of_range")
-    result = run_train(*one_run(tmp_path / "data", tmp_path), timeout=120)
+    result = run_train(*one_run(tmp_path / "data", tmp_path, *launch), timeout=120)
     assert_one_error_line(result, "labels must be 0 to 9, and one is 12")
     assert "Global batch" not in result.stdout  # training never started
 
@@ -426,8 +426,9 @@ def saved_step(root: Path) -> int:
 
 
 @pytest.mark.slow
-def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--model.one_cycle", "false", "--fault_guard.every_n_steps", "4", max_epochs=3)
+def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, launch):
+    options = ("--model.one_cycle", "false", "--fault_guard.every_n_steps", "4", *launch)
+    argv = one_run(data_dir, tmp_path, *options, max_epochs=3)
     result = run_train(*argv, "--trainer.callbacks+=tests.helpers.DivergeInEpoch", "--trainer.callbacks.epoch", "1")
     line = assert_one_error_line(result, "the training loss became NaN or infinite by step", "(epoch 1)")
     assert (
@@ -443,8 +444,8 @@ def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_c
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_continue(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", max_epochs=3)
+def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_continue(data_dir, tmp_path, launch):
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", *launch, max_epochs=3)
     ctrl_c = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.step", "13")
     result = run_train(*argv, *ctrl_c, timeout=120)
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]

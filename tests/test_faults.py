@@ -2,25 +2,19 @@
 continues from the next sample, on the same or another number of processes; a process that stops answering is
 named and the job ends; a full disk ends the run in one line with the last checkpoint intact."""
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
-from app.job.rendezvous import ARRIVED_KEY
 from tests.conftest import TRAIN_SIZE
-from tests.helpers import REPO, SMALL_RUN, free_port, max_difference, run_command, run_train, scalars, small_run
-from tests.test_multinode import wait_for_no_process
+from tests.helpers import SMALL_RUN, max_difference, run_train, scalars, small_run
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -110,21 +104,21 @@ def test_a_stop_continues_exactly_with_dataloader_workers_too(data_dir, tmp_path
     )  # the same batches as without workers
 
 
-def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_epoch_end(data_dir, tmp_path):
+def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_epoch_end(data_dir, tmp_path, launch):
     """Lightning's own handler broadcasts from inside the signal handler; here it met the other rank's metric sync
     and both waited for each other until the 30-minute timeout (so this run would outlast `timeout`)."""
     instrument = "--trainer.callbacks+=tests.helpers.SigtermWhileOthersWait"
-    result = run_train("fit", *argv(data_dir, tmp_path, instrument), "--trainer.max_epochs", "3", timeout=120)
+    result = run_train("fit", *argv(data_dir, tmp_path, instrument, *launch), "--trainer.max_epochs", "3", timeout=120)
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
     assert "Stopped by SIGTERM in epoch 0, at its end;" in result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert last_checkpoint(tmp_path)["global_step"] == 10  # saved at the end of the epoch, before stopping
 
 
-def test_a_hang_up_stops_every_rank_at_one_step_and_saves_it(data_dir, tmp_path):
+def test_a_hang_up_stops_every_rank_at_one_step_and_saves_it(data_dir, tmp_path, launch):
     """SIGHUP, as a closed terminal or a dropped ssh session sends it to every process of the job."""
     hang_up = ("--trainer.callbacks+=tests.helpers.HangUpAfterStep", "--trainer.callbacks.step", "13")
-    result = run_train("fit", *argv(data_dir, tmp_path, *hang_up))
+    result = run_train("fit", *argv(data_dir, tmp_path, *hang_up, *launch))
     assert result.returncode == 128 + signal.SIGHUP, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     output = result.stdout + result.stderr
@@ -176,178 +170,6 @@ def test_a_checkpoint_every_few_minutes_lets_a_killed_run_continue_exactly(data_
     resumed = run_train("fit", *argv(data_dir, tmp_path, *every_step, "--ckpt_path", "last"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert max_difference(last_checkpoint(tmp_path)["state_dict"], uninterrupted["state_dict"]) == 0
-
-
-# 2. A process that stops answering is named, and the job ends
-
-
-def wait_for_files(*paths: Path, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(path.exists() for path in paths):
-        assert process.poll() is None, "the job ended before it got going"
-        assert time.monotonic() < deadline, f"no {paths} after {timeout} s"
-        time.sleep(0.1)
-
-
-def freeze_and_wait(command: list[str], root: Path, frozen_rank: int, ranks: int, env: dict | None = None):
-    """Start the job, SIGSTOP global rank `frozen_rank` once an epoch is done, and wait for the job to end.
-    Returns (exit status, output, seconds from the freeze to the end)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    job = subprocess.Popen(
-        command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        pids = [root / "pids" / f"rank{rank}" for rank in range(ranks)]
-        wait_for_files(*pids, root / CHECKPOINTS / "last.ckpt", process=job)  # an epoch is done: mid-training
-        os.kill(int((root / "pids" / f"rank{frozen_rank}").read_text()), signal.SIGSTOP)
-        frozen = time.monotonic()
-        output, _ = job.communicate(timeout=90)
-        return job.returncode, output, time.monotonic() - frozen
-    finally:
-        subprocess.run(["pkill", "-KILL", "-f", str(root)])  # stopped processes die of SIGKILL too
-        job.kill()
-
-
-def assert_named_and_ended(output: str, rank: int, seconds: float) -> None:
-    # --fault_guard.stall_timeout 5 after the last beat seen (beats every 0.5 s, the last maybe just before the
-    # freeze), then at most a beat or two
-    assert 4 <= seconds < 30, output[-3000:]
-    named = [line for line in output.splitlines() if line.startswith(f"Global rank {rank} (pid ")]
-    assert len(named) == 1 and "frozen, or its host hung or lost the network" in named[0], output[-3000:]
-    errors = [line for line in output.splitlines() if line.startswith("error")]
-    assert errors and errors[0].startswith("error: a process of the job stopped answering"), output[-3000:]
-    assert "continue with --ckpt_path last" in errors[0]
-
-
-def test_a_frozen_process_is_named_and_the_job_ends_under_lightnings_launcher(data_dir, tmp_path):
-    pid = "--trainer.callbacks+=tests.helpers.RecordPid"
-    command = [
-        sys.executable,
-        "train.py",
-        *argv(data_dir, tmp_path, pid, *STALL_TIMEOUT),
-        "--trainer.max_epochs",
-        "100",
-    ]
-    status, output, seconds = freeze_and_wait(command, tmp_path, frozen_rank=1, ranks=2)
-    assert status == 1, output[-3000:]
-    assert_named_and_ended(output, 1, seconds)
-    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""  # the frozen one too
-    assert last_checkpoint(tmp_path)["state_dict"]  # intact: it loads
-
-
-@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
-def test_a_frozen_global_rank_0_is_named_and_every_node_ends(data_dir, tmp_path, launcher):
-    """Two nodes of one process each (scripts/local_cluster.sh). Under Lightning's launcher global rank 0 also holds
-    the job's store, so the other node hears nothing at all from it."""
-    pid = "--trainer.callbacks+=tests.helpers.RecordPid"
-    args = [*argv(data_dir, tmp_path, pid, *STALL_TIMEOUT, devices=1), "--trainer.max_epochs", "100"]
-    command = ["scripts/local_cluster.sh", "2", "1", "--", *args]
-    env = {"LAUNCHER": launcher, "PYTHON": sys.executable}
-    status, output, seconds = freeze_and_wait(command, tmp_path, frozen_rank=0, ranks=2, env=env)
-    assert status != 0, output[-3000:]
-    assert_named_and_ended(output, 0, seconds)
-    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
-
-
-def test_a_slow_validation_on_one_rank_is_not_taken_for_a_stall(data_dir, tmp_path):
-    slow = ("--trainer.callbacks+=tests.helpers.SlowValidation", "--trainer.callbacks.seconds", "7")
-    result = run_train("fit", *argv(data_dir, tmp_path, *slow, *STALL_TIMEOUT), "--trainer.max_epochs", "1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "stopped answering" not in result.stdout + result.stderr
-
-
-# 3. The processes wait to meet, and say what for
-
-
-def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_dir, tmp_path):
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
-    args = [*argv(data_dir, tmp_path, devices=1), "--num_nodes", "2", "--trainer.max_epochs", "1"]
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "train.py", *args], cwd=REPO, env={**env, "NODE_RANK": "0"}, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    ]  # fmt: skip
-    try:
-        seen = []
-        for line in nodes[0].stdout:  # node 0 alone: it waits, and says so
-            seen.append(line)
-            if line.startswith("Waited"):
-                break
-        assert seen and seen[-1].startswith("Waited"), "".join(seen)[-3000:]
-        assert "for the 2 processes of the job (2 node(s) x 1): 1 have arrived" in seen[-1]
-        assert f"at 127.0.0.1:{env['MASTER_PORT']}" in seen[-1] and "a node not started yet" in seen[-1]
-
-        late = run_command([sys.executable, "train.py", *args], timeout=120, env={**env, "NODE_RANK": "1"})
-        first_output = "".join(seen) + nodes[0].communicate(timeout=60)[0]
-    finally:
-        for node in nodes:
-            node.kill()
-    assert late.returncode == 0 and nodes[0].returncode == 0, first_output[-3000:] + late.stderr[-3000:]
-    assert "All 2 processes of the job have met" in first_output, first_output[-3000:]
-    assert "Finished: test/acc" in first_output, first_output[-3000:]
-
-
-@pytest.mark.parametrize(
-    ("stop", "statuses"),
-    [(signal.SIGINT, {128 + signal.SIGINT}), (signal.SIGTERM, {128 + signal.SIGTERM, -signal.SIGTERM})],
-    ids=["Ctrl-C", "SIGTERM"],
-)
-def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_job_at_once(
-    data_dir, tmp_path, stop, statuses
-):
-    """Node 0's two processes wait inside `init_process_group` for node 1, which is never started: Python's handler
-    of Ctrl-C cannot run there, and the wait lasts up to the process-group timeout (30 minutes). SIGTERM ends them by
-    its default action, as a shell reports it (143)."""
-    port = free_port()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-    args = [*argv(data_dir, tmp_path, devices=2), "--num_nodes", "2"]
-    job = subprocess.Popen(
-        [sys.executable, "train.py", "fit", *args], cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        # Each process counts itself in the job's store once it waits there (app/job/rendezvous.py): both are waiting.
-        store = torch.distributed.TCPStore(
-            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False
-        )
-        store.wait([ARRIVED_KEY], timedelta(seconds=120))
-        deadline = time.monotonic() + 60
-        while store.add(ARRIVED_KEY, 0) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.killpg(job.pid, stop)  # as a terminal does on Ctrl-C, or a scheduler
-        output = job.communicate(timeout=30)[0]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-    assert job.returncode in statuses, output[-3000:]
-    assert "error" not in output and "Traceback" not in output, output[-3000:]
-    assert wait_for_no_process(str(tmp_path), timeout=10) == ""
-    assert not list(tmp_path.rglob("version_*"))  # the run's folder is claimed once the processes have met
-
-
-# 4. A process that fails after the others have finished fails the job
-
-
-@pytest.mark.parametrize(
-    ("launcher", "abort", "ended"),
-    [("early start", "true", "-6 (killed by signal 6)"), ("Lightning's", "false", "3")],
-)
-def test_a_process_that_fails_at_exit_after_training_fails_the_job_and_is_named(
-    data_dir, tmp_path, launcher, abort, ended
-):
-    lightnings = ("--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment")
-    at_exit = ("--trainer.callbacks+=tests.helpers.FailAtExit", "--trainer.callbacks.abort", abort)
-    args = argv(data_dir, tmp_path, *at_exit, *(lightnings if launcher == "Lightning's" else ()), max_epochs=1)
-    result = run_train("fit", *args)
-    assert result.returncode == 1, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
-    assert len(errors) == 1 and re.fullmatch(
-        rf"error: the process of local rank 1 \(pid \d+\) ended with exit status {re.escape(ended)} after this"
-        r" process's work was done, so the job failed\.",
-        errors[0],
-    ), result.stderr[-3000:]
 
 
 # 5. The disk fills up

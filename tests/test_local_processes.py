@@ -12,8 +12,7 @@ import time
 import pytest
 
 from app.job.early_start import processes_asked_for
-from tests.helpers import REPO, run_command, small_run
-from tests.test_multinode import wait_for_no_process
+from tests.helpers import REPO, run_command, small_run, wait_for_no_process
 
 FAIL_IN_RANK_1 = ["--trainer.callbacks+=tests.helpers.FailToBuildOnLocalRank"]
 # Installed in every process of a run (PYTHONPATH): the process the user started may import torch only once the
@@ -87,7 +86,7 @@ def test_another_process_killed_before_the_meeting_is_named_and_ends_the_job(dat
 # Installed in every process of a run (PYTHONPATH): the process of local rank 1 says in a file (with its pid) that it
 # is about to import torch, and stalls there for a minute, as a slow start would.
 RANK_1_WAITS = """\
-import importlib.abc, os, sys, time
+import importlib.abc, os, signal, sys
 from pathlib import Path
 MARKS = Path(os.environ["TEST_MARKS"])
 
@@ -97,7 +96,7 @@ class WaitBeforeTorch(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
             (MARKS / "pid").write_text(str(os.getpid()))
             (MARKS / "pid").rename(MARKS / "rank-1-waits")  # whole when it appears
-            time.sleep(60)
+            signal.pause()  # until the test's Ctrl-C (its timeout ends the job otherwise)
         return None
 
 if os.environ.get("LOCAL_RANK") == "1":

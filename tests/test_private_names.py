@@ -24,7 +24,7 @@ def trainer() -> Trainer:
     return Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
 
 
-def test_fault_guard_finds_lightnings_signal_handlers_and_per_step_check(trainer):
+def test_lightnings_signal_handlers_per_step_check_and_training_loader_are_where_they_were(trainer):
     # app/job/fault_guard.py: FaultGuard.setup puts its own handlers in these attributes, which Lightning's connector
     # reads when it registers the handlers, and `_check` calls Lightning's own requeue.
     assert isinstance(trainer._signal_connector, _SignalConnector), "Trainer._signal_connector moved"
@@ -37,7 +37,7 @@ def test_fault_guard_finds_lightnings_signal_handlers_and_per_step_check(trainer
     loop = trainer.fit_loop.epoch_loop
     assert parameters(loop._broadcast_sigterm_tensor) == [], "_TrainingEpochLoop._broadcast_sigterm_tensor"
     assert "self._broadcast_sigterm_tensor()" in inspect.getsource(type(loop)), "the per-step SIGTERM check moved"
-    # FaultGuard.on_fit_start: the loader Lightning built before the checkpoint was read.
+    # app/run/replan.py, ReplanOnResume.on_fit_start: the loader Lightning built before the checkpoint was read.
     assert "_combined_loader" in vars(trainer.fit_loop), "_FitLoop._combined_loader"
 
 

@@ -100,16 +100,12 @@ def test_a_frozen_task_is_named_and_the_job_ends(data_dir, tmp_path, slurm):
     try:
         wait_for(lambda: last.exists() and (root / "pids" / "rank1").exists(), 120, "the end of the first epoch")
         os.kill(int((root / "pids" / "rank1").read_text()), signal.SIGSTOP)
-        frozen = time.monotonic()
         wait_for(lambda: slurm_command(env, "squeue", "--noheader", "--jobs", job_id) == "", 60, "the job's end")
-        seconds = time.monotonic() - frozen
     finally:
         subprocess.run(["scancel", "--signal=KILL", job_id], env=env)
     output = (tmp_path / "job.out").read_text()
-    assert 4 <= seconds < 40, output[-3000:]  # 5 s after the last beat seen, which may precede the freeze
-    assert re.search(r"^Global rank 1 \(pid \d+ on .*\) has given no sign of life", output, re.MULTILINE), output[
-        -3000:
-    ]
+    named = re.search(r"^Global rank 1 \(pid \d+ on .*\) has given no sign of life for (\d+) s", output, re.MULTILINE)
+    assert named and int(named.group(1)) >= 5, output[-3000:]  # never before its --fault_guard.stall_timeout
     assert "error: a process of the job stopped answering, so the job ends;" in output
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
     assert torch.load(last, map_location="cpu", weights_only=True)["state_dict"]  # intact

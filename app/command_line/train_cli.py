@@ -15,6 +15,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.command_line.argv import subcommand_of
@@ -270,10 +271,12 @@ class TrainCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         """Give the Trainer this project's TensorBoard logger in the folder this command writes into
         (`_folder_to_write`), the checkpoint `--ckpt_path` stands for, and checkpoint files written atomically
-        (unless --trainer.plugins says otherwise)."""
+        (unless --trainer.plugins gives a CheckpointIO of its own)."""
         trainer_config = self._setting("trainer", self.config_init)
-        if trainer_config["plugins"] is None:
-            kwargs["plugins"] = [AtomicCheckpointIO()]
+        plugins = trainer_config["plugins"]
+        plugins = [] if plugins is None else plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         if trainer_config["logger"] in (None, True, False):  # not a logger of the user's, which has its own folder
             self.run = self._folder_to_write(Path(trainer_config["default_root_dir"] or "."))
         elif self._continuing():

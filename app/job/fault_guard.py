@@ -129,12 +129,6 @@ class FaultGuard(Callback):
     def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:
         self.requeue = True
 
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Lightning (2.6) loads the training loader's position from a checkpoint only when it builds the loader, and
-        # the one-cycle schedule's `trainer.estimated_stepping_batches` made it build the loader already, before the
-        # checkpoint is read (`configure_optimizers`): forgotten here, it is built again after, position included.
-        trainer.fit_loop._combined_loader = None
-
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 

@@ -54,6 +54,10 @@ class ReplanOnResume(Callback):
         """The optimizers and schedulers are the command's here, not yet given the checkpoint's states."""
         if self.checkpoint is None:
             return
+        # Lightning (2.6) loads the training loader's position from a checkpoint only when it builds the loader, and
+        # the one-cycle schedule's `trainer.estimated_stepping_batches` made it build the loader already, before the
+        # checkpoint is read (`configure_optimizers`): forgotten here, it is built again after, position included.
+        trainer.fit_loop._combined_loader = None
         saved_optimizers = self.checkpoint.get("optimizer_states", [])
         saved_schedulers = self.checkpoint.get("lr_schedulers", [])
         self.fresh_groups = [[_without_params(group) for group in o.param_groups] for o in trainer.optimizers]

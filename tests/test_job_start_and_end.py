@@ -1,0 +1,114 @@
+"""The start and the end of a DDP job (real gloo runs of train.py on CPU): a node waiting for the others says what
+for and goes on when they come, a stop while the processes wait to meet ends the job at once, and a process that
+fails after the work is done fails the job."""
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from app.job.rendezvous import ARRIVED_KEY
+from tests.helpers import LAUNCH_PATHS, REPO, free_port, run_command, run_train, wait_for_no_process
+from tests.test_faults import argv
+
+pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+
+
+# 3. The processes wait to meet, and say what for
+
+
+def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_dir, tmp_path):
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+    args = [*argv(data_dir, tmp_path, devices=1), "--num_nodes", "2", "--trainer.max_epochs", "1"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", *args], cwd=REPO, env={**env, "NODE_RANK": "0"}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    ]  # fmt: skip
+    try:
+        seen = []
+        for line in nodes[0].stdout:  # node 0 alone: it waits, and says so
+            seen.append(line)
+            if line.startswith("Waited"):
+                break
+        assert seen and seen[-1].startswith("Waited"), "".join(seen)[-3000:]
+        assert "for the 2 processes of the job (2 node(s) x 1): 1 have arrived" in seen[-1]
+        assert f"at 127.0.0.1:{env['MASTER_PORT']}" in seen[-1] and "a node not started yet" in seen[-1]
+
+        late = run_command([sys.executable, "train.py", *args], timeout=120, env={**env, "NODE_RANK": "1"})
+        first_output = "".join(seen) + nodes[0].communicate(timeout=60)[0]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert late.returncode == 0 and nodes[0].returncode == 0, first_output[-3000:] + late.stderr[-3000:]
+    assert "All 2 processes of the job have met" in first_output, first_output[-3000:]
+    assert "Finished: test/acc" in first_output, first_output[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("stop", "statuses"),
+    [(signal.SIGINT, {128 + signal.SIGINT}), (signal.SIGTERM, {128 + signal.SIGTERM, -signal.SIGTERM})],
+    ids=["Ctrl-C", "SIGTERM"],
+)
+def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_job_at_once(
+    data_dir, tmp_path, stop, statuses
+):
+    """Node 0's two processes wait inside `init_process_group` for node 1, which is never started: Python's handler
+    of Ctrl-C cannot run there, and the wait lasts up to the process-group timeout (30 minutes). SIGTERM ends them by
+    its default action, as a shell reports it (143)."""
+    port = free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    args = [*argv(data_dir, tmp_path, devices=2), "--num_nodes", "2"]
+    job = subprocess.Popen(
+        [sys.executable, "train.py", "fit", *args], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Each process counts itself in the job's store once it waits there (app/job/rendezvous.py): both are waiting.
+        store = torch.distributed.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120), wait_for_workers=False
+        )
+        store.wait([ARRIVED_KEY], timedelta(seconds=120))
+        deadline = time.monotonic() + 60
+        while store.add(ARRIVED_KEY, 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(job.pid, stop)  # as a terminal does on Ctrl-C, or a scheduler
+        output = job.communicate(timeout=30)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert job.returncode in statuses, output[-3000:]
+    assert "error" not in output and "Traceback" not in output, output[-3000:]
+    assert wait_for_no_process(str(tmp_path), timeout=10) == ""
+    assert not list(tmp_path.rglob("version_*"))  # the run's folder is claimed once the processes have met
+
+
+# 4. A process that fails after the others have finished fails the job
+
+
+@pytest.mark.parametrize(
+    ("launcher", "abort", "ended"),
+    [("early start", "true", "-6 (killed by signal 6)"), ("Lightning's launcher", "false", "3")],
+)
+def test_a_process_that_fails_at_exit_after_training_fails_the_job_and_is_named(
+    data_dir, tmp_path, launcher, abort, ended
+):
+    at_exit = ("--trainer.callbacks+=tests.helpers.FailAtExit", "--trainer.callbacks.abort", abort)
+    args = argv(data_dir, tmp_path, *at_exit, *LAUNCH_PATHS[launcher], max_epochs=1)
+    result = run_train("fit", *args)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: the process of local rank 1 \(pid \d+\) ended with exit status {re.escape(ended)} after this"
+        r" process's work was done, so the job failed\.",
+        errors[0],
+    ), result.stderr[-3000:]

@@ -1,0 +1,129 @@
+"""When a multi-node job goes wrong (scripts/local_cluster.sh, torchrun, two network namespaces): a failing or killed
+rank ends every node quickly, a node that never comes or an unreachable MASTER_ADDR ends in one line after the
+timeout, a port in use in one line, and torchrun restarts a job from its last checkpoint."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.helpers import REPO, free_port, run_command, run_local_cluster, scalars, wait_for_no_process
+from tests.test_multinode import TIMEOUT_10S, common, train_command
+
+pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+
+
+def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
+    marker = str(tmp_path)  # in every process's command line, to look for leftovers
+    failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", "--trainer.callbacks.rank", "3")
+    # quickly: well before the process group's 30-minute timeout, or the helper fails the test
+    result = run_local_cluster(2, 2, *common(data_dir, tmp_path), *failing, timeout=90)
+    assert result.returncode != 0
+    assert "planned failure on rank 3" in result.stderr
+    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, cwd=REPO).stdout
+    assert leftovers == ""
+
+
+def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    result = run_command([*torchrun, "train.py", *common(data_dir, tmp_path), "--devices", "3"], timeout=120)
+    assert result.returncode != 0
+    # Both ranks meet the mistake; the first to get there speaks for both (app/command_line/speaking.py), through the
+    # agent's store.
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and lines[0].startswith(("error: ", "error (rank 1): ")), result.stderr
+    assert "You set `devices=3` and `num_nodes=1`" in lines[0]
+    assert "Make --devices and --num_nodes match the launcher." in lines[0]
+    assert "ValueError" not in result.stderr  # no traceback of ours; torchrun adds its own failure report
+
+
+def test_a_port_in_use_ends_in_one_line_and_leaves_no_rank_behind(data_dir, tmp_path):
+    marker = str(tmp_path)
+    with socket.socket() as other_program:
+        other_program.bind(("127.0.0.1", 0))
+        other_program.listen()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(other_program.getsockname()[1])}
+        try:
+            # No process-group kill here: rank 1 must end by itself when rank 0, its launcher, fails.
+            result = subprocess.run(
+                train_command(data_dir, tmp_path, "--devices", "2"),
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            leftovers = wait_for_no_process(marker, timeout=10)
+        finally:
+            subprocess.run(["pkill", "-KILL", "-f", marker])
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: ") and "address already in use" in last_line and "MASTER_PORT" in last_line
+    assert leftovers == ""
+
+
+def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tmp_path):
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0"}
+    node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_10S)
+    started = time.monotonic()
+    result = run_command(node, 60, env)
+    assert result.returncode == 1
+    assert time.monotonic() - started >= 10  # the whole --trainer.strategy.timeout, not less
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: ") and "1/2 clients joined" in last_line and "NODE_RANK" in last_line
+
+
+def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, tmp_path):
+    argv = (*common(data_dir, tmp_path), "--trainer.max_epochs", "50", "--trainer.callbacks+=tests.helpers.RecordPid")
+    command = ["scripts/local_cluster.sh", "2", "2", "--", *argv]
+    env = {**os.environ, "PYTHON": sys.executable}
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 120
+        while not (last.exists() and (tmp_path / "pids" / "rank3").exists()):  # epoch 0 is done: mid-training
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not get going"
+            time.sleep(0.2)
+        os.kill(int((tmp_path / "pids" / "rank3").read_text()), signal.SIGKILL)
+        job.wait(timeout=60)  # well before the process group's 30-minute timeout
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)])
+        job.kill()
+    assert job.returncode != 0
+    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)  # intact: it loads, with its weights
+    assert checkpoint["epoch"] >= 0 and checkpoint["state_dict"]
+
+
+def test_torchrun_restarts_a_job_whose_rank_died_from_its_last_checkpoint(data_dir, tmp_path):
+    kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "3")
+    args = (*common(data_dir, tmp_path), "--trainer.max_epochs", "3", "--ckpt_path", "last", *kill)
+    result = run_local_cluster(2, 2, *args, launcher="torchrun", max_restarts=1)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+
+    (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()  # the restarted job continued the same run
+    last = run_dir / "checkpoints" / "last.ckpt"
+    runs_of_model = tmp_path / "SeqNet-mnist"
+    assert output.count(f"--ckpt_path last: nothing to continue in {runs_of_model}, starting a new run.") == 1
+    assert output.count(f"--ckpt_path last: continuing {run_dir}, from checkpoints/last.ckpt (step ") == 1
+    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 2
+    assert len(scalars(run_dir)["val/acc"]) == 3  # epoch 0 from the first attempt, 1 and 2 after the restart
+    assert output.count("Finished: test/acc") == 1
+
+
+def test_an_unreachable_master_addr_ends_in_one_line_after_the_timeout(data_dir, tmp_path, two_hosts):
+    env = {"MASTER_ADDR": "10.99.0.3", "MASTER_PORT": "29713", "NODE_RANK": "1"}  # no host has 10.99.0.3
+    node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_10S)
+    started = time.monotonic()
+    result = run_command(["ip", "netns", "exec", two_hosts[1], *node], 60, env)
+    assert result.returncode == 1
+    assert time.monotonic() - started >= 10  # the whole --trainer.strategy.timeout, not less
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error (rank 1): ") and "(10.99.0.3, 29713)" in last_line and "MASTER_ADDR" in last_line
