@@ -111,11 +111,12 @@ def test_test_subcommand_evaluates_a_checkpoint_with_its_own_data_settings(fit_r
 
 @pytest.mark.slow
 def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, tmp_path):
-    """301 test images: 2 and 3 processes get uneven shares, which Lightning's default sampler would pad."""
+    """301 test images: 3 processes get uneven shares (100, 100, 101), which Lightning's default sampler would pad to
+    102 each, counting 5 images twice."""
     root, _result = fit_run
     best = loose_copy(next(p for p in (run_dir(root) / "checkpoints").iterdir() if p.name != "last.ckpt"), tmp_path)
     figures = []
-    for devices in (1, 2, 3):
+    for devices in (1, 3):
         logs = tmp_path / f"devices{devices}"
         argv = ("test", "--ckpt_path", str(best), "--devices", str(devices), "--data.eval_batch_size", "40")
         result = run_train(*argv, "--trainer.default_root_dir", str(logs), *COMMON)
@@ -123,7 +124,7 @@ def test_evaluation_gives_the_same_figures_for_any_number_of_processes(fit_run, 
         (evaluation,) = (logs / "SeqNet-mnist" / "test").iterdir()
         figures.append(scalars(evaluation))
     accuracies = [f["test/acc"] for f in figures]
-    assert accuracies[0] == accuracies[1] == accuracies[2] and accuracies[0][0] < 1
+    assert accuracies[0] == accuracies[1] and accuracies[0][0] < 1
     losses = [f["test/loss"][0] for f in figures]
     assert max(losses) - min(losses) < 1e-6
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leave
 
 VAL_SIZE = SMALL_RUN["--data.val_size"]  # 1000 training samples: 10 steps of a global batch of 100 per epoch
 CHECKPOINTS = Path("SeqNet-mnist") / "version_0" / "checkpoints"
-STALL_TIMEOUT = ("--fault_guard.stall_timeout", "5")
+STALL_TIMEOUT = ("--fault_guard.stall_timeout", "5")  # the default is 60 s
 
 
 def argv(data_dir: Path, root: Path, *args: str, **settings) -> list[str]:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leave
 
 VAL_SIZE = SMALL_RUN["--data.val_size"]
 # How long the processes wait for each other.
-TIMEOUT_10S = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:10")
+TIMEOUT_5S = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:05")
 
 
 def common(data_dir: Path, root: Path) -> list[str]:

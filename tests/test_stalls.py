@@ -88,7 +88,7 @@ def test_a_frozen_global_rank_0_is_named_and_every_node_ends(data_dir, tmp_path,
 
 
 def test_a_slow_validation_on_one_rank_is_not_taken_for_a_stall(data_dir, tmp_path):
-    slow = ("--trainer.callbacks+=tests.helpers.SlowValidation", "--trainer.callbacks.seconds", "7")
+    slow = ("--trainer.callbacks+=tests.helpers.SlowValidation", "--trainer.callbacks.seconds", "7")  # > 5 s
     result = run_train("fit", *argv(data_dir, tmp_path, *slow, *STALL_TIMEOUT), "--trainer.max_epochs", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stopped answering" not in result.stdout + result.stderr

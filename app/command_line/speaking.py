@@ -60,6 +60,13 @@ def exit_reporting(text: str, node: NodeProcesses) -> NoReturn:
             sys.exit(1)
         node.take_the_word()
         sys.exit(text)
+    speak_once(store, text)
+    sys.exit(1)
+
+
+def speak_once(store: dist.Store, text: str, wait_s: float = SPOKEN_WAIT_S) -> None:
+    """Print `text` to standard error if this is the job's first process to fail (a count in the job's store); the
+    others wait until it has printed, so that they end after it, and print theirs only if it never does."""
     try:
         first = store.add("failed", 1) == 1
     except Exception:  # noqa: BLE001 (the store went with the process that held it: speak)
@@ -70,10 +77,9 @@ def exit_reporting(text: str, node: NodeProcesses) -> NoReturn:
             store.set("spoken", "")
     else:
         try:
-            store.wait(["spoken"], timedelta(seconds=SPOKEN_WAIT_S))
+            store.wait(["spoken"], timedelta(seconds=wait_s))
         except Exception:  # noqa: BLE001 (the first was killed before it spoke, or took its store with it)
             print(text, file=sys.stderr, flush=True)
-    sys.exit(1)
 
 
 def _job_store() -> dist.Store | None:

@@ -1,0 +1,70 @@
+"""Who speaks for the job, in-process against a local TCPStore: of the processes that fail, the first says why, once.
+
+The real runs (a bug on one rank or on every rank, a mistake found once the processes met) are in
+tests/test_errors.py; these try the orders a real run meets only by chance.
+"""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from app.command_line.speaking import speak_once
+
+
+@pytest.fixture
+def store():
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+
+
+def client(store: dist.TCPStore) -> dist.Store:
+    tcp = dist.TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5))
+    return dist.PrefixStore("report/0/", tcp)
+
+
+def error_lines(capfd: pytest.CaptureFixture) -> list[str]:
+    """What was printed as an error (torch's own warnings about the store, `[W...]`, aside)."""
+    return [line for line in capfd.readouterr().err.splitlines() if line.startswith("error")]
+
+
+def test_of_four_ranks_failing_at_once_one_line_is_printed(store, capfd):
+    ranks = [
+        threading.Thread(target=speak_once, args=(client(store), f"error (rank {rank}): planned failure"))
+        for rank in range(4)
+    ]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join(timeout=30)
+    lines = error_lines(capfd)
+    assert len(lines) == 1 and lines[0].endswith(": planned failure"), lines
+
+
+def test_the_others_wait_until_the_first_has_spoken(store, capfd):
+    first = client(store)
+    assert first.add("failed", 1) == 1  # the first to fail, about to print
+    second = threading.Thread(target=speak_once, args=(client(store), "error (rank 1): lost its peer"))
+    second.start()
+    deadline = time.monotonic() + 30
+    while first.add("failed", 0) < 2:  # the second has counted itself: it is not the first
+        assert time.monotonic() < deadline, "the second never counted itself"
+    assert second.is_alive()  # waiting for the first to have spoken, silent
+    first.set("spoken", "")  # what speak_once does once it has printed
+    second.join(timeout=30)
+    assert not second.is_alive() and error_lines(capfd) == []
+
+
+def test_a_first_that_never_speaks_leaves_the_word_to_the_next(store, capfd):
+    client(store).add("failed", 1)  # failed first, then was killed before it printed
+    speak_once(client(store), "error (rank 1): planned failure", wait_s=0.5)
+    assert error_lines(capfd) == ["error (rank 1): planned failure"]
+
+
+def test_a_store_that_is_gone_leaves_each_to_speak(capfd):
+    holder = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    gone = client(holder)
+    del holder  # the process that held it (global rank 0) ended
+    speak_once(gone, "error (rank 1): planned failure")
+    assert error_lines(capfd) == ["error (rank 1): planned failure"]
