@@ -66,7 +66,7 @@ def export_model(argv: list[str], node: NodeProcesses) -> None:
     print(f"Exported: {output}")
 
 
-def close_process_group(node: NodeProcesses) -> None:
+def close_process_group(node: NodeProcesses | None = None) -> None:
     """Destroy the process group while Python is still fully alive.
 
     Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
@@ -74,5 +74,6 @@ def close_process_group(node: NodeProcesses) -> None:
     without an active exception") after a run that finished well, and its exit status says it failed.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        node.met.set()  # a process this one started that ends now is not one that failed before the meeting
+        if node is not None:  # a process this one started that ends now is not one that failed before the meeting
+            node.met.set()
         torch.distributed.destroy_process_group()

@@ -6,7 +6,9 @@ imported those libraries once (multiprocessing's forkserver, which never runs a 
 inherit no thread pool), then runs train.py as `__main__` in a session of its own, with the command line, the
 environment, the working directory and the standard streams it would have had. Everything train.py and `app/`
 import and do is theirs, as in a user's run; the processes train.py starts (the node's other ranks) are real
-`python train.py` processes. tests/test_docs.py and the launcher tests still start `python train.py` itself.
+`python train.py` processes. One thing differs: the fork ends with `os._exit` after the exit handlers, without the
+interpreter's own shutdown, where a library that aborts at exit would show (gloo's "terminate called ..."). The
+tests of that (tests/test_ddp.py's run, the README's commands, the launcher tests) start `python train.py` itself.
 """
 
 import atexit

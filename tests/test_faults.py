@@ -75,9 +75,11 @@ def copy_of(stopped: Path, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path, stopped, uninterrupted):
+def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(
+    data_dir, tmp_path, stopped, uninterrupted, launch
+):
     root = copy_of(stopped, tmp_path)
-    resumed = run_train("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last"))
+    resumed = run_train("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last", *launch))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "dataloader is not resumable" not in resumed.stderr  # Lightning's warning for a mid-epoch checkpoint
     before, after = samples_of_epoch(root, 1, 2, "_stopped"), samples_of_epoch(root, 1, 2)
@@ -172,7 +174,7 @@ def test_a_checkpoint_every_few_minutes_lets_a_killed_run_continue_exactly(data_
     assert max_difference(last_checkpoint(tmp_path)["state_dict"], uninterrupted["state_dict"]) == 0
 
 
-# 5. The disk fills up
+# 2. The disk fills up
 
 
 @pytest.fixture

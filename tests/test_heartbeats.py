@@ -1,6 +1,6 @@
 """Who stopped answering, in-process: the heartbeats of two "ranks" against a local TCPStore.
 
-The real runs (a frozen rank under both launchers, a frozen store holder) are in tests/test_faults.py; these try
+The real runs (a frozen rank under both launch paths, a frozen store holder) are in tests/test_stalls.py; these try
 the cases a real run reaches only by chance: a rank that failed and said so, a store call that timed out, a host
 whose /proc says nothing.
 """

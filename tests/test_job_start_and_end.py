@@ -21,7 +21,7 @@ from tests.test_faults import argv
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
 
-# 3. The processes wait to meet, and say what for
+# 1. The processes wait to meet, and say what for
 
 
 def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_dir, tmp_path):
@@ -92,7 +92,7 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
     assert not list(tmp_path.rglob("version_*"))  # the run's folder is claimed once the processes have met
 
 
-# 4. A process that fails after the others have finished fails the job
+# 2. A process that fails after the others have finished fails the job
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 No public route does what these do (each place in the code says why). A new version that moves or renames one
 fails here, naming it, instead of somewhere deep in a run, or, worse, silently: `app/job/fault_guard.py` would stop
-replacing Lightning's signal handlers, `app/command_line/train_cli.py` would stop checking options before the launch.
+replacing Lightning's signal handlers, `app/command_line/train_cli.py` would stop naming a rejected value's option.
 """
 
 import inspect
@@ -75,3 +75,14 @@ def test_the_processes_train_py_starts_are_the_ones_lightnings_launcher_would():
     for name in ("MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "for proc in self.procs"):
         assert name in source, f"_SubprocessScriptLauncher no longer uses {name}"
     assert "creates_processes_externally" in inspect.getsource(_SubprocessScriptLauncher.launch)
+
+
+def test_the_keys_lightning_cli_saves_in_a_checkpoint_are_the_ones_read_back():
+    # app/run/continuation.py and app/run/checkpoints.py read the model's class from a checkpoint's hyper-parameters,
+    # where LightningCLI saves it (`_class_path`), and what would instantiate it on load (`_instantiator`).
+    import lightning.pytorch.cli as cli
+    import lightning.pytorch.core.saving as saving
+
+    assert '"_class_path"' in inspect.getsource(cli), "LightningCLI no longer saves _class_path"
+    assert '"_instantiator"' in inspect.getsource(cli), "LightningCLI no longer saves _instantiator"
+    assert '"_instantiator"' in inspect.getsource(saving), "Lightning no longer reads _instantiator"

@@ -278,7 +278,9 @@ def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_
         while not last.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert last.exists(), "the first run saved no checkpoint"
+        kept = [last, *last.parents[1].glob("config*.yaml"), *last.parents[1].glob("events.out.tfevents.*")]
         second = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=1000))
+        assert all(path.exists() for path in kept), "the refused process removed files of the run"
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()

@@ -18,9 +18,6 @@ from tests.test_faults import CHECKPOINTS, STALL_TIMEOUT, argv, last_checkpoint
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
 
-# 2. A process that stops answering is named, and the job ends
-
-
 def wait_for_files(*paths: Path, process: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not all(path.exists() for path in paths):

@@ -50,6 +50,7 @@ def test_the_others_wait_until_the_first_has_spoken(store, capfd):
     deadline = time.monotonic() + 30
     while first.add("failed", 0) < 2:  # the second has counted itself: it is not the first
         assert time.monotonic() < deadline, "the second never counted itself"
+        time.sleep(0.01)
     assert second.is_alive()  # waiting for the first to have spoken, silent
     first.set("spoken", "")  # what speak_once does once it has printed
     second.join(timeout=30)

@@ -225,6 +225,9 @@ class TrainCLI(LightningCLI):
             super().instantiate_classes()
 
     def _run_subcommand(self, subcommand: str) -> None:
+        """Around the Trainer's method the subcommand calls (`trainer.fit(...)`): the meeting said aloud, Ctrl-C while
+        the processes meet, a late value error named by its option, and what a failed start wrote taken back.
+        LightningCLI has no public hook around that call (`before_<subcommand>` and `after_<subcommand>` only)."""
         trainer = self.trainer
         meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
         wait_for_the_meeting_place()
@@ -247,6 +250,8 @@ class TrainCLI(LightningCLI):
             if isinstance(error, OWN_ERRORS):
                 raise
             subcommand = self.config.subcommand
+            # The subcommand's parser (LightningCLI keeps them in `_subcommand_parsers`, with no public accessor): its
+            # defaults tell the options the user set from the ones left as they were.
             config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
             if isinstance(error, RuntimeError) and "loading state_dict" in str(error):  # a checkpoint not read before
                 raise UserError(

@@ -90,8 +90,9 @@ class RunFolder(Callback):
 
     def undo(self) -> None:
         """Remove what this process wrote (a record of settings, an event file): a run that fails before its first
-        step leaves no folder, and a continuation that does leaves the run as it was."""
-        if self.path is None:
+        step leaves no folder, and a continuation that does leaves the run as it was. Nothing where this process
+        does not hold the folder: a run that another process trains is that process's."""
+        if self.path is None or self._lock is None:
             return
         if not self.continued:
             shutil.rmtree(self.path)

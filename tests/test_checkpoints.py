@@ -35,12 +35,18 @@ def test_a_completed_save_replaces_the_file_and_leaves_nothing_else(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "plugins",
-    [[], ["--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"]],
-    ids=["no plugins", "a cluster environment"],
+    ("plugins", "writer"),
+    [
+        ([], "AtomicCheckpointIO"),
+        (["--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"], "AtomicCheckpointIO"),
+        (["--trainer.plugins", "lightning.pytorch.plugins.TorchCheckpointIO"], "TorchCheckpointIO"),
+    ],
+    ids=["no plugins", "a cluster environment", "a checkpoint writer"],
 )
-def test_a_run_writes_its_checkpoints_atomically_unless_a_checkpoint_writer_is_given(data_dir, tmp_path, plugins):
+def test_a_run_writes_its_checkpoints_atomically_unless_a_checkpoint_writer_is_given(
+    data_dir, tmp_path, plugins, writer
+):
     record = ("--trainer.callbacks+=tests.helpers.RecordCheckpointIO", "--trainer.callbacks.path", str(tmp_path / "io"))
     result = run_train("fit", *small_run(data_dir, tmp_path, *plugins, *record, "--trainer.max_steps", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "io").read_text() == "AtomicCheckpointIO"
+    assert (tmp_path / "io").read_text() == writer
