@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,16 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_dataset(root, "MNIST", TRAIN_SIZE, TEST_SIZE, seed=0)
     write_dataset(root, "FashionMNIST", TRAIN_SIZE, TEST_SIZE, seed=1)
     return root
+
+
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():
+    """Put this process's signal handlers back after each test: one ignored here (as Lightning ignores SIGINT after
+    a KeyboardInterrupt) would be inherited by every train.py a later test starts, which Ctrl-C would not stop."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -165,9 +165,12 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
     ],
 )
 def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, args, named):
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGHUP)}
     message = error_line(list(one_run(data_dir, tmp_path, *args, devices=1)))
     assert message.startswith(f"error: {named}: ")
     assert f"Give {named.split()[0]} another value" in message
+    # A stage that failed puts back the signal handlers it replaced (Lightning calls `on_exception`, not `teardown`).
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
 
 
 def test_a_message_that_names_no_option_stays_the_librarys_own(data_dir, tmp_path):

@@ -8,13 +8,16 @@ whose /proc says nothing.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from lightning.pytorch import Trainer
 
 from app.job import heartbeats
 from app.job.fault_guard import FaultGuard
@@ -47,9 +50,9 @@ class Watcher:
         self.ended.set()
 
 
-def a_rank_that_beat_once(store: dist.Store, rank: int, pid: int, pid_space: str | None) -> None:
+def a_rank_that_beat_once(store: dist.Store, rank: int, pid: int, pid_space: str | None, host="this-host") -> None:
     """A rank that said who it is and beat once, then never again: frozen."""
-    store.set(f"who/{rank}", json.dumps({"host": "this-host", "pid": pid, "pid_space": pid_space}))
+    store.set(f"who/{rank}", json.dumps({"host": host, "pid": pid, "pid_space": pid_space}))
     store.add(f"beat/{rank}", 1)
 
 
@@ -89,7 +92,8 @@ def test_a_rank_whose_stage_failed_is_not_named_frozen_by_the_others(store, caps
     guard.heartbeats = Heartbeats(1, 2, LIMIT_S, client(store), on_stall=lambda: "", end_job=lambda status: None)
     guard.heartbeats.start()
     watcher.beats.start()
-    guard.on_exception(None, None, RuntimeError("rank 1's stage failed; it says so itself"))  # what Lightning calls
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    guard.on_exception(trainer, None, RuntimeError("rank 1's stage failed; it says so itself"))  # Lightning calls it
     assert guard.heartbeats is None
     # Rank 1's count stops moving; a bug names it after LIMIT_S. Watch three times as long.
     assert not watcher.ended.wait(LIMIT_S * 3), capsys.readouterr().out
@@ -129,3 +133,22 @@ def test_a_store_that_is_gone_ends_the_watching_without_a_word(capsys):
     del holder  # the store's process ended: so does the job, without these threads
     assert watcher.beats.stopped.wait(LIMIT_S * 20), "still watching a store that is gone"
     assert not watcher.ended.is_set() and capsys.readouterr().out == ""
+
+
+def test_under_torchrun_a_silent_store_names_the_ranks_of_its_host_and_never_this_one(store, capsys, monkeypatch):
+    """Two "nodes" on one machine: the agent of node 0 holds the store, and both ranks share its host."""
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    killed = []
+    monkeypatch.setattr(heartbeats.os, "kill", lambda pid, signum: killed.append(pid))
+    timing_out = TimesOut(client(store))
+    watcher = Watcher(timing_out, rank=1)
+    a_rank_that_beat_once(client(store), 0, 12345, heartbeats._pid_space(), host=socket.gethostname())  # one machine
+    watcher.beats.start()
+    deadline = time.monotonic() + LIMIT_S * 20
+    while len(watcher.beats.who) < 2:  # rank 1 has read who rank 0 is, while the store still answered
+        assert time.monotonic() < deadline, "rank 1 never read who rank 0 is"
+        time.sleep(0.05)
+    timing_out.frozen = True
+    assert watcher.ended.wait(LIMIT_S * 20), "the store's holder was never named"
+    assert "Global rank 0 (pid 12345 on " in capsys.readouterr().out
+    assert killed == [12345]  # rank 0, never this process

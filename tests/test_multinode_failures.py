@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leave
 
 def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
     marker = str(tmp_path)  # in every process's command line, to look for leftovers
-    failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", "--trainer.callbacks.rank", "3")
+    failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", "--trainer.callbacks.rank", "1")
     # quickly: well before the process group's 30-minute timeout, or the helper fails the test
-    result = run_local_cluster(2, 2, *common(data_dir, tmp_path), *failing, timeout=90)
+    result = run_local_cluster(2, 1, *common(data_dir, tmp_path), *failing, timeout=90)  # rank 1 on node 1
     assert result.returncode != 0
-    assert "planned failure on rank 3" in result.stderr
+    assert "planned failure on rank 1" in result.stderr
     leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, cwd=REPO).stdout
     assert leftovers == ""
 
@@ -81,16 +81,16 @@ def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tm
 
 def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, tmp_path):
     argv = (*common(data_dir, tmp_path), "--trainer.max_epochs", "50", "--trainer.callbacks+=tests.helpers.RecordPid")
-    command = ["scripts/local_cluster.sh", "2", "2", "--", *argv]
+    command = ["scripts/local_cluster.sh", "2", "1", "--", *argv]  # rank 1 on node 1
     env = {**os.environ, "PYTHON": sys.executable}
     job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
     try:
         deadline = time.monotonic() + 120
-        while not (last.exists() and (tmp_path / "pids" / "rank3").exists()):  # epoch 0 is done: mid-training
+        while not (last.exists() and (tmp_path / "pids" / "rank1").exists()):  # epoch 0 is done: mid-training
             assert job.poll() is None and time.monotonic() < deadline, "the job did not get going"
             time.sleep(0.2)
-        os.kill(int((tmp_path / "pids" / "rank3").read_text()), signal.SIGKILL)
+        os.kill(int((tmp_path / "pids" / "rank1").read_text()), signal.SIGKILL)
         job.wait(timeout=60)  # well before the process group's 30-minute timeout
     finally:
         subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)])
@@ -102,9 +102,9 @@ def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, t
 
 
 def test_torchrun_restarts_a_job_whose_rank_died_from_its_last_checkpoint(data_dir, tmp_path):
-    kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "3")
+    kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "1")
     args = (*common(data_dir, tmp_path), "--trainer.max_epochs", "3", "--ckpt_path", "last", *kill)
-    result = run_local_cluster(2, 2, *args, launcher="torchrun", max_restarts=1)
+    result = run_local_cluster(2, 1, *args, launcher="torchrun", max_restarts=1)  # rank 1 on node 1
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
 

@@ -81,16 +81,13 @@ class FaultGuard(Callback):
         self.last_loss: torch.Tensor | None = None
         self.heartbeats: Heartbeats | None = None
         self.stages = 0
+        self._previous_handlers: dict[int, object] = {}  # the signal handlers `setup` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
         trainer._signal_connector._sigterm_notifier_fn = self._record_stop_signal
         trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
         self._trainer = trainer
-        self._previous_handlers = {}
-        if stage == "fit" and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGHUP):
-                self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
         self._start_heartbeats(trainer)
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
@@ -129,8 +126,20 @@ class FaultGuard(Callback):
     def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:
         self.requeue = True
 
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._catch_stop_signals()
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._catch_stop_signals()
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
+
+    def _catch_stop_signals(self) -> None:
+        """From fit's sanity check on, Ctrl-C and SIGHUP are recorded like SIGTERM. Installed once Lightning has
+        saved the handlers it puts back when the stage ends, however it ends: those are the ones from before."""
+        if self._previous_handlers or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -177,12 +186,17 @@ class FaultGuard(Callback):
         Ctrl-C where no handler of this guard is in place (while the processes meet; in a test, validate or predict
         command; in the test after training): stop as a shell expects, with status 130 (`app/main.py`),
         where Lightning would end the processes its launcher started with SIGKILL and exit with status 1."""
-        self._stop_heartbeats()
+        self._put_back(trainer)
         if isinstance(exception, KeyboardInterrupt):
             _write_out_loggers(trainer)  # what Lightning does next, skipped by the raise
             raise exception
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._put_back(trainer)
+
+    def _put_back(self, trainer: Trainer) -> None:
+        """Lightning's handlers and per-step check, and the signal handlers from before `setup`: after a stage, and
+        after one that failed (Lightning then calls `on_exception`, not `teardown`)."""
         self._stop_heartbeats()
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)

@@ -100,7 +100,10 @@ class Heartbeats:
         while not self.stopped.wait(1.0):
             silent_for = time.monotonic() - self.last_answer
             if silent_for > self.limit_s:
+                # Under torchrun the agent of rank 0's node holds it: name the ranks of that host, this one aside
+                # (it is running this very line: a rank of that host, as when several "nodes" share one machine).
                 store_holders = [0] if not under_torchrun() else self._same_host_as(0)
+                store_holders = [rank for rank in store_holders if rank != self.rank] or store_holders
                 self._end(store_holders, f"holds the job's store, which has not answered for {round(silent_for)} s")
 
     def _end(self, silent: list[int], what: str) -> None:
@@ -118,7 +121,7 @@ class Heartbeats:
             self.on_stall()
         here = _pid_space()
         for rank in silent:  # a process of this machine and pid namespace only: a pid means nothing elsewhere
-            if here is not None and rank < len(self.who) and self.who[rank]["pid_space"] == here:
+            if rank != self.rank and here is not None and rank < len(self.who) and self.who[rank]["pid_space"] == here:
                 with suppress(OSError):
                     os.kill(self.who[rank]["pid"], signal.SIGKILL)
         self.stopped.set()
