@@ -149,6 +149,14 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
     return Run(process.returncode, stdout, stderr, process.pid)
 
 
+def wait_for(condition, timeout: float, what: str, every: float = 0.5) -> None:
+    """Check `condition()` every `every` seconds until it holds; fail the test, saying what for, after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(every)
+
+
 def wait_for_no_process(marker: str, timeout: float) -> str:
     """The command lines of the processes whose command line holds `marker`, once none is left or at `timeout`."""
     deadline = time.monotonic() + timeout

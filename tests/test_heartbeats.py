@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -22,6 +21,7 @@ from lightning.pytorch import Trainer
 from app.job import heartbeats
 from app.job.fault_guard import FaultGuard
 from app.job.heartbeats import Heartbeats
+from tests.helpers import wait_for
 
 LIMIT_S = 1.0  # seconds of silence before a rank is named; the threads look every 0.5 s
 
@@ -144,10 +144,8 @@ def test_under_torchrun_a_silent_store_names_the_ranks_of_its_host_and_never_thi
     watcher = Watcher(timing_out, rank=1)
     a_rank_that_beat_once(client(store), 0, 12345, heartbeats._pid_space(), host=socket.gethostname())  # one machine
     watcher.beats.start()
-    deadline = time.monotonic() + LIMIT_S * 20
-    while len(watcher.beats.who) < 2:  # rank 1 has read who rank 0 is, while the store still answered
-        assert time.monotonic() < deadline, "rank 1 never read who rank 0 is"
-        time.sleep(0.05)
+    # rank 1 reads who rank 0 is while the store still answers
+    wait_for(lambda: len(watcher.beats.who) == 2, LIMIT_S * 20, "rank 1 to read who rank 0 is", every=0.05)
     timing_out.frozen = True
     assert watcher.ended.wait(LIMIT_S * 20), "the store's holder was never named"
     (named,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Global rank")]

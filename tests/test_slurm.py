@@ -10,12 +10,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from tests.helpers import REPO, free_port, scalars, small_run
+from tests.helpers import REPO, free_port, scalars, small_run, wait_for
 
 pytestmark = pytest.mark.slow
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol")
@@ -39,13 +38,6 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def slurm_command(env: dict[str, str], *command: str) -> str:
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
-        time.sleep(0.5)
 
 
 def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_checkpoint(data_dir, tmp_path, slurm):

@@ -5,13 +5,13 @@ tests/test_errors.py; these try the orders a real run meets only by chance.
 """
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
 from app.command_line.speaking import speak_once
+from tests.helpers import wait_for
 
 
 @pytest.fixture
@@ -47,10 +47,8 @@ def test_the_others_wait_until_the_first_has_spoken(store, capfd):
     assert first.add("failed", 1) == 1  # the first to fail, about to print
     second = threading.Thread(target=speak_once, args=(client(store), "error (rank 1): lost its peer"))
     second.start()
-    deadline = time.monotonic() + 30
-    while first.add("failed", 0) < 2:  # the second has counted itself: it is not the first
-        assert time.monotonic() < deadline, "the second never counted itself"
-        time.sleep(0.01)
+    # the second has counted itself: it is not the first
+    wait_for(lambda: first.add("failed", 0) == 2, 30, "the second to count itself", every=0.01)
     assert second.is_alive()  # waiting for the first to have spoken, silent
     first.set("spoken", "")  # what speak_once does once it has printed
     second.join(timeout=30)

@@ -81,7 +81,7 @@ class FaultGuard(Callback):
         self.last_loss: torch.Tensor | None = None
         self.heartbeats: Heartbeats | None = None
         self.stages = 0
-        self._previous_handlers: dict[int, object] = {}  # the signal handlers `setup` replaced
+        self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
