@@ -15,6 +15,7 @@ from app.command_line.speaking import TRACEBACK_WANTED, exit_with_bug, exit_with
 from app.command_line.train_cli import TrainCLI
 from app.job.early_start import NodeProcesses
 from app.job.network import choose_socket_interface
+from app.job.node_loss import note_the_loss
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None, node: NodeProcesses | None = None) -> No
         if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS)):
             exit_with_error(describe(error, args), node)
         if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
+            note_the_loss()  # for the attempt an elastic launcher starts next
             exit_with_error(PEER_LOST_MESSAGE, node)
         exit_with_bug(error, node)
     finally:

@@ -4,13 +4,21 @@
 #
 #   scripts/local_cluster.sh NODES DEVICES -- [train.py arguments]
 #   LAUNCHER=torchrun scripts/local_cluster.sh 2 2 -- --trainer.max_epochs 1
+#   LAUNCHER=torchrun NNODES=1:2 MAX_RESTARTS=3 scripts/local_cluster.sh 2 1 -- --ckpt_path last   # elastic
 #
 # LAUNCHER=lightning (default): every node gets MASTER_ADDR, MASTER_PORT and its NODE_RANK, and Lightning's launcher
 # starts the node's processes. LAUNCHER=torchrun: every node runs torchrun with c10d rendezvous at MASTER_ADDR:PORT,
-# restarting the job up to MAX_RESTARTS times (default 0) when a process fails. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
-# torch's shared rendezvous store keeps the last attempt's addresses, and a restarted job fails to connect (torch
-# issue #135712).
-# Waits for all nodes; when one fails, ends every process of every node and exits with that node's status.
+# hosted by node 0, restarting the job up to MAX_RESTARTS times (default 0) when a process fails.
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch's shared rendezvous store keeps the last attempt's addresses, and a
+# restarted job fails to connect (torch issue #135712).
+#
+# NNODES=MIN:MAX makes it an elastic torchrun job (docs/multinode.md, "Elastic"): a node lost leaves the others
+# training, and the script waits for every node and exits with node 0's status (node 0 holds the rendezvous; the
+# job cannot outlive it). FIRST_NODE=K starts nodes K.. of a job already running at MASTER_PORT, that join it.
+# RDZV_CONF: torchrun's --rdzv-conf; by default a node lost is noticed within 3 s and a rendezvous closes 2 s after
+# its minimum is there (torch's defaults: 15 s and 30 s, for real networks).
+# Otherwise the script waits for all nodes; when one fails, it ends every process of every node and exits with that
+# node's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 nodes=$1 devices=$2
@@ -21,23 +29,40 @@ launcher=${LAUNCHER:-lightning}
 addr=127.0.0.1
 port=${MASTER_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 
+nnodes=${NNODES:-$nodes}
+first=${FIRST_NODE:-0}
+elastic=$([[ "$nnodes" == *:* ]] && echo 1 || echo 0)
+rdzv_conf=${RDZV_CONF:-last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3}
+
 pids=()
-for ((node = 0; node < nodes; node++)); do
+for ((node = first; node < first + nodes; node++)); do
   if [ "$launcher" = torchrun ]; then
+    host=$([ "$node" = 0 ] && echo true || echo false)
     command=(env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "$python" -m torch.distributed.run
-      --nnodes "$nodes" --nproc-per-node "$devices" --rdzv-backend c10d --rdzv-endpoint "$addr:$port"
-      --max-restarts "${MAX_RESTARTS:-0}" train.py)
+      --nnodes "$nnodes" --nproc-per-node "$devices" --rdzv-backend c10d --rdzv-endpoint "$addr:$port"
+      --rdzv-conf "$rdzv_conf,is_host=$host" --max-restarts "${MAX_RESTARTS:-0}" train.py)
   else
     command=("$python" train.py)
   fi
+  # The shape: given, as a user of a fixed-size job writes it; an elastic job's comes from torchrun.
+  shape=(--devices "$devices" --num_nodes "$nodes")
+  [ "$elastic" = 1 ] && shape=()
   # setsid: each node is a process group of its own, so that it can be ended with all the processes it started.
   MASTER_ADDR=$addr MASTER_PORT=$port NODE_RANK=$node setsid "${command[@]}" \
-    --devices "$devices" --num_nodes "$nodes" --trainer.accelerator cpu "$@" &
+    "${shape[@]}" --trainer.accelerator cpu "$@" &
   pids+=($!)
 done
 
 end_all() { for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done; }
 trap 'end_all; exit 130' INT TERM
+
+if [ "$elastic" = 1 ]; then  # the others go on without a lost node: wait for all, node 0's status is the job's
+  wait "${pids[0]}"
+  status=$?
+  [ "$status" -ne 0 ] && end_all
+  wait 2>/dev/null
+  exit "$status"
+fi
 
 status=0
 for ((left = nodes; left > 0; left--)); do

@@ -32,7 +32,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # hands out whole files in the order of collection (`--dist loadfile`), and a long file handed out last keeps one
 # worker busy after the others are done.
 LONGEST_FIRST = [
-    *("test_multinode_failures", "test_speed", "test_faults", "test_stalls", "test_errors", "test_correctness"),
+    *("test_elastic", "test_multinode_failures", "test_speed", "test_faults", "test_stalls", "test_errors"),
+    "test_correctness",
     *("test_job_start_and_end", "test_ddp", "test_run_folder", "test_early_start", "test_predict", "test_multinode"),
 ]
 

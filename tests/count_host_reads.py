@@ -1,5 +1,6 @@
 """`python tests/count_host_reads.py OUT_DIR TRAIN_ARGS...`: run `train.py TRAIN_ARGS` and record, in every process,
-where a tensor value was read back to the host; each rank writes its list to OUT_DIR/rank<N>.json.
+where a tensor value was read back to the host, and after each optimizer step the line STEP; each rank writes its
+list to OUT_DIR/rank<N>.json.
 
 Lightning's launcher starts the other ranks with this same command line, so they count too.
 """
@@ -11,12 +12,14 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.main import main  # noqa: E402
 
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
+STEP = "optimizer step"
 
 
 def count_reads(reads: list[str]) -> None:
@@ -38,6 +41,7 @@ if __name__ == "__main__":
     out_dir, argv = Path(sys.argv[1]), sys.argv[2:]
     reads: list[str] = []
     count_reads(reads)
+    register_optimizer_step_post_hook(lambda *_: reads.append(STEP))
     try:
         main(argv)
     finally:

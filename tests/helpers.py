@@ -107,12 +107,23 @@ def run_train(*args: str, timeout: float = 240) -> Run:
 
 
 def run_local_cluster(
-    nodes: int, devices: int, *args: str, launcher: str = "lightning", max_restarts: int = 0, timeout: float = 300
+    nodes: int,
+    devices: int,
+    *args: str,
+    launcher: str = "lightning",
+    max_restarts: int = 0,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
 ) -> Run:
-    """Run `scripts/local_cluster.sh NODES DEVICES -- ARGS`: several "nodes" of train.py on this machine."""
-    command = ["scripts/local_cluster.sh", str(nodes), str(devices), "--", *args]
-    env = {"LAUNCHER": launcher, "MAX_RESTARTS": str(max_restarts), "PYTHON": sys.executable}
+    """Run `scripts/local_cluster.sh NODES DEVICES -- ARGS`: several "nodes" of train.py on this machine; `env`: more
+    of the script's variables (NNODES, FIRST_NODE, MASTER_PORT)."""
+    command = local_cluster_command(nodes, devices, *args)
+    env = {"LAUNCHER": launcher, "MAX_RESTARTS": str(max_restarts), "PYTHON": sys.executable, **(env or {})}
     return run_command(command, timeout, env)
+
+
+def local_cluster_command(nodes: int, devices: int, *args: str) -> list[str]:
+    return ["scripts/local_cluster.sh", str(nodes), str(devices), "--", *args]
 
 
 def run_command(command: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO) -> Run:
@@ -285,6 +296,40 @@ class KillRankOnce(Callback):
         if here and not marker.exists():
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillNodeOnce(Callback):
+    """Test instrument: the process of global rank `rank` SIGKILLs its node (under scripts/local_cluster.sh, the
+    process group of its launcher, and itself) before training step `step`, as a node that loses its power would,
+    once per job: it leaves a file `node-killed` in the default root folder first, holding the time."""
+
+    def __init__(self, rank: int = 1, step: int = 5) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        marker = Path(trainer.default_root_dir) / "node-killed"
+        if (trainer.global_rank, trainer.global_step) == (self.rank, self.step) and not marker.exists():
+            marker.write_text(str(time.time()))
+            os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)  # torchrun's agent, and this node's others
+            os.kill(os.getpid(), signal.SIGKILL)  # torchrun starts its processes in sessions of their own
+
+
+class HoldUntilStopped(Callback):
+    """Test instrument: global rank 0 holds training before step `step` until the launcher stops the job (SIGTERM,
+    which FaultGuard records), once per job: it leaves a file `held` in the default root folder first, which the test
+    waits for. A job a node joins is stopped so, by torchrun, to start again with the new node."""
+
+    def __init__(self, step: int = 5) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        marker = Path(trainer.default_root_dir) / "held"
+        if (trainer.global_rank, trainer.global_step) != (0, self.step) or marker.exists():
+            return
+        marker.touch()
+        guard = next(callback for callback in trainer.callbacks if type(callback).__name__ == "FaultGuard")
+        wait_for(lambda: guard.stop_signal, WAIT_S, "the launcher to stop the job", every=0.05)
 
 
 class SigtermAfterStep(Callback):

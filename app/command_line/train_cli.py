@@ -16,6 +16,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import CheckpointIO
+from lightning.pytorch.plugins.environments import ClusterEnvironment
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.command_line.argv import subcommand_of
@@ -34,6 +35,8 @@ from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
 from app.job.fault_guard import FaultGuard
+from app.job.launcher_shape import LauncherShape, launcher_shape
+from app.job.node_loss import seconds_since_the_loss
 from app.job.rendezvous import announce_rendezvous
 from app.run.checkpoints import AtomicCheckpointIO, remove_partial_files
 from app.run.continuation import (
@@ -67,6 +70,9 @@ stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and -
 Every option: python train.py fit --help"""
 
 DEFAULT_ROOT = "runs"
+# Under a launcher that restarts the job (torchrun's --max-restarts, or an elastic --nnodes MIN:MAX), last.ckpt is
+# also saved every minute of training (`--fault_guard.checkpoint_every_s`): what a lost node or process costs, at most.
+RESTARTABLE_CHECKPOINT_EVERY_S = 60
 
 
 def trainer_defaults() -> dict:
@@ -94,6 +100,7 @@ class TrainCLI(LightningCLI):
         self.chosen_subcommand = subcommand_of(args)
         self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
         self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
+        self.shape: LauncherShape | None = None  # what torchrun, SLURM or a PyTorchJob started (launcher_shape.py)
         super().__init__(
             model_class=ImageClassifier,
             subclass_mode_model=True,
@@ -122,7 +129,8 @@ class TrainCLI(LightningCLI):
         parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
         # A third: last.ckpt also every `--timed_checkpoint.train_time_interval` (H:MM:SS) of training, in the middle
         # of an epoch too, so that a SIGKILL or a power cut loses at most that much. Off by default: with it,
-        # Lightning broadcasts rank 0's decision to save before every step.
+        # Lightning broadcasts rank 0's decision to save before every step (`--fault_guard.checkpoint_every_s` does
+        # the same at the fault guard's checks, without).
         parser.add_lightning_class_args(ModelCheckpoint, "timed_checkpoint")
         parser.set_defaults(
             {
@@ -134,6 +142,9 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(Dashboard, "dashboard")
         parser.add_lightning_class_args(FaultGuard, "fault_guard")
+        shape = launcher_shape(None)
+        if shape is not None and shape.restartable:  # a lost node or process costs at most that much training
+            parser.set_defaults({"fault_guard.checkpoint_every_s": RESTARTABLE_CHECKPOINT_EVERY_S})
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
@@ -299,6 +310,8 @@ class TrainCLI(LightningCLI):
                 run=self.run,
             )
         header = ""  # what a run's record says of where the run came from
+        if self.start is None and self._setting("ckpt_path") == "last":  # nothing to continue: said in before_fit,
+            self.config_init[self.subcommand]["ckpt_path"] = None  # and not again by Lightning with a HINT
         if self.start is not None:
             self.config_init[self.subcommand]["ckpt_path"] = str(self.start.checkpoint)
             if self.subcommand == "fit":
@@ -337,7 +350,18 @@ class TrainCLI(LightningCLI):
         off Lightning's own (Lightning refuses a ModelCheckpoint beside it)."""
         if config.get("enable_checkpointing") is False:
             callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
+        self._take_the_launchers_shape(config)
         return super()._instantiate_trainer(config, callbacks)
+
+    def _take_the_launchers_shape(self, config: dict) -> None:
+        """Under torchrun, SLURM or a PyTorchJob, `--devices` and `--num_nodes` left out are what the launcher
+        started; given and different, they stay a one-line error before the meeting (`check_launcher`), except under
+        an elastic torchrun job, whose size changes: there the launcher wins (`app/job/launcher_shape.py`)."""
+        plugins = config.get("plugins")
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        self.shape = launcher_shape(next((p for p in plugins if isinstance(p, ClusterEnvironment)), None))
+        if self.shape is not None:
+            config.update(self.shape.settle(config["devices"], config["num_nodes"]))
 
     def _output_folders(self) -> dict[str, Path | str]:
         """The folders global rank 0 writes the run's logs, checkpoints and predictions into, by option."""
@@ -398,6 +422,28 @@ class TrainCLI(LightningCLI):
                 f" {hparams.batch_size} -> {batch_size}, to keep the global batch of {data_state['global_batch_size']}."
             )
             hparams.batch_size = self.config[self.subcommand].data.batch_size = batch_size  # and the run's record
+        self._say_the_job_changed_size(data_state["world_size"])
+
+    def _say_the_job_changed_size(self, world_size_before: int) -> None:
+        """Under a launcher that restarted the job on another number of nodes (an elastic torchrun job that lost a
+        node, or gained one), say so, and how long after the loss the job starts again (`app/job/node_loss.py`)."""
+        since_the_loss = seconds_since_the_loss() if self.trainer.local_rank == 0 else None
+        shape = self.shape
+        if shape is None or not shape.restartable:  # restarts after a node joined do not count as restarts
+            return
+        nodes_before = max(1, world_size_before // shape.devices)
+        step = self.start.contents.get("global_step", 0)
+        if shape.num_nodes < nodes_before:
+            after = f", {since_the_loss:.1f} s after the loss" if since_the_loss is not None else ""
+            rank_zero_info(
+                f"Node lost: continuing on {shape.num_nodes} node(s) of {nodes_before} from step {step}{after}"
+                f" ({shape.launcher} restarted the job; {world_size_before} -> {self.trainer.world_size} processes)."
+            )
+        elif shape.num_nodes > nodes_before:
+            rank_zero_info(
+                f"Node(s) joined: continuing on {shape.num_nodes} nodes ({nodes_before} before) from step {step}"
+                f" ({shape.launcher} restarted the job; {world_size_before} -> {self.trainer.world_size} processes)."
+            )
 
     def _say_where_it_starts(self) -> None:
         ckpt_path = self._setting("ckpt_path")
@@ -421,7 +467,7 @@ class TrainCLI(LightningCLI):
         if self._setting("ckpt_path") == "last" and self.start is None:
             rank_zero_info(f"--ckpt_path last: nothing to continue in {self._runs_of_model()}, starting a new run.")
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
-        if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator):
+        if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and not self.shape:
             # Lightning's `devices="auto"` is one process on a CPU: more would share its cores and run no faster.
             rank_zero_info(
                 f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"

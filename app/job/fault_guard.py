@@ -5,11 +5,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 import torch
-from jsonargparse.typing import NonNegativeInt, PositiveInt
+from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
@@ -45,6 +46,12 @@ class FaultGuard(Callback):
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
             (`app/job/heartbeats.py`): no collective, nothing the training step waits for.
+        checkpoint_every_s: Seconds of training after which every rank saves `last.ckpt` at the next check, in the
+            middle of an epoch too, so that a killed process or a lost node costs at most that much (None: only at
+            each epoch's end; 0: at every check). The decision travels in the check's all-reduce: no collective of
+            its own, where Lightning's `ModelCheckpoint(train_time_interval=...)` broadcasts one before every step.
+            With it, a new run also saves its weights before the first step. 60 by default in a job that torchrun
+            restarts (`app/job/launcher_shape.py`).
 
     Stop signals: `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped send SIGTERM; Ctrl-C sends
     SIGINT to every process of the job; a closed terminal or a dropped ssh session sends SIGHUP; SLURM sends SIGUSR1
@@ -73,9 +80,16 @@ class FaultGuard(Callback):
     the checkpoints of that epoch are still written, with the diverged weights.)
     """
 
-    def __init__(self, every_n_steps: PositiveInt = 50, stall_timeout: NonNegativeInt = 60) -> None:
+    def __init__(
+        self,
+        every_n_steps: PositiveInt = 50,
+        stall_timeout: NonNegativeInt = 60,
+        checkpoint_every_s: NonNegativeFloat | None = None,
+    ) -> None:
         self.every_n_steps = every_n_steps
         self.stall_timeout = stall_timeout
+        self.checkpoint_every_s = checkpoint_every_s
+        self.saved_at = 0.0  # when this process last saw a checkpoint saved, or training start
         self.stop_signal: int | None = None
         self.requeue = False
         self.last_loss: torch.Tensor | None = None
@@ -130,6 +144,12 @@ class FaultGuard(Callback):
         self._catch_stop_signals()
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        path = last_checkpoint_path(trainer)
+        if self.checkpoint_every_s is not None and trainer.global_step == 0 and path is not None:
+            # A new run's weights before its first step: a process lost before the first interval is over then
+            # restarts the same run, in its folder, where `--ckpt_path last` would otherwise find none and start anew.
+            trainer.save_checkpoint(path, weights_only=False)
+        self.saved_at = time.monotonic()  # `checkpoint_every_s` counts training time, from here
         self._catch_stop_signals()
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
@@ -140,6 +160,9 @@ class FaultGuard(Callback):
             return
         for signum in (signal.SIGINT, signal.SIGHUP):
             self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        self.saved_at = time.monotonic()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
@@ -152,10 +175,12 @@ class FaultGuard(Callback):
 
     def _check(self, trainer: Trainer, at_epoch_end: bool) -> None:
         device = trainer.strategy.root_device
-        flags = torch.tensor([self.stop_signal or 0, self.requeue, 0], dtype=torch.int32, device=device)
+        interval = self.checkpoint_every_s
+        save_due = interval is not None and time.monotonic() - self.saved_at >= interval and not at_epoch_end
+        flags = torch.tensor([self.stop_signal or 0, self.requeue, 0, save_due], dtype=torch.int32, device=device)
         if self.last_loss is not None:  # on the device: the flag is made without waiting for the step to finish
             flags[2] = (~torch.isfinite(self.last_loss.detach())).any()
-        stop_signal, requeue, diverged = trainer.strategy.reduce(flags, reduce_op="max").tolist()  # any rank
+        stop_signal, requeue, diverged, save_due = trainer.strategy.reduce(flags, reduce_op="max").tolist()  # any
         if requeue:
             self.requeue = False
             connector = trainer._signal_connector
@@ -169,6 +194,8 @@ class FaultGuard(Callback):
                 f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path)}"
             )
         if not stop_signal:
+            if save_due and path is not None:  # at an epoch's end, the last_checkpoint callback saves
+                trainer.save_checkpoint(path, weights_only=False)
             return
         if path is not None:  # on every rank: Lightning's save has a barrier; global rank 0 alone writes
             trainer.save_checkpoint(path, weights_only=False)

@@ -13,6 +13,7 @@ from contextlib import suppress
 
 import torch.distributed as dist
 
+from app.job.node_loss import note_the_loss
 from app.job.store import under_torchrun
 
 # What a store call raises when no answer came within the store's timeout (the store lives, its holder may not).
@@ -110,6 +111,7 @@ class Heartbeats:
         """Say which process stopped answering (from the lowest live rank), kill it if it lives here, and exit."""
         if not self.ending.acquire(blocking=False):
             return
+        note_the_loss()
         alive = [rank for rank in range(self.world_size) if rank not in silent]
         if self.rank == min(alive, default=self.rank):
             named = ", ".join(self._describe(rank) for rank in silent)
