@@ -13,8 +13,9 @@
 # restarted job fails to connect (torch issue #135712).
 #
 # NNODES=MIN:MAX makes it an elastic torchrun job (docs/multinode.md, "Elastic"): a node lost leaves the others
-# training, and the script waits for every node and exits with node 0's status (node 0 holds the rendezvous; the
-# job cannot outlive it). FIRST_NODE=K starts nodes K.. of a job already running at MASTER_PORT, that join it.
+# training, and the script waits for every node it started and exits with the first one's status (node 0 holds the
+# rendezvous; the job cannot outlive it). FIRST_NODE=K starts nodes K.. of a job already running at MASTER_PORT,
+# that join it.
 # RDZV_CONF: torchrun's --rdzv-conf; by default a node lost is noticed within 3 s and a rendezvous closes 2 s after
 # its minimum is there (torch's defaults: 15 s and 30 s, for real networks).
 # Otherwise the script waits for all nodes; when one fails, it ends every process of every node and exits with that

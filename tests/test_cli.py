@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from app.command_line.invocation import train_py
 from app.main import main, parse_command
 from tests.helpers import run_command, run_train
 
@@ -210,8 +211,41 @@ def test_help_says_what_the_program_does_with_examples(capsys):
     assert exit_info.value.code in (None, 0)
     help_text = capsys.readouterr().out
     assert "Train SeqNet or ConvNet on MNIST or FashionMNIST" in help_text
-    assert help_text.count("  python train.py ") >= 2  # the examples
+    assert help_text.count(f"  {train_py()} ") >= 2  # the examples, as they run here
     assert "fit,validate,test,predict" in help_text.replace(" ", "")
+    assert f"{train_py()} export --help" in help_text  # the subcommand LightningCLI does not know
+
+
+def test_export_help_keeps_its_examples_on_their_lines(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert f"    {train_py()} export --ckpt_path CKPT --format onnx --output model.onnx" in lines
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [
+        (["--lr", "0.1"], "--model.optimizer.lr"),  # the one option whose last part it is
+        (["--epochs", "3"], "--trainer.max_epochs"),  # what other scripts call it
+        (["--batch_size", "32"], "--data.batch_size"),
+        (["--data.datset", "mnist"], "--data.dataset"),  # a typo: the nearest name
+        (["--trainer.max_epoch", "3"], "--trainer.max_epochs"),  # not taken for it: whole names only
+        (["test", "--val_size", "100"], "--data.val_size"),
+    ],
+)
+def test_a_guessed_option_is_pointed_at_the_one_it_most_likely_meant(argv, meant):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == f"error: {argv[-2]}: no such option; did you mean {meant}?"
+
+
+def test_an_unknown_option_with_no_likely_meaning_says_where_every_option_is_listed():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--frobnicate", "1"])
+    assert exit_info.value.code == (
+        f"error: unrecognized arguments: --frobnicate 1. `{train_py()} fit --help` lists every option."
+    )
 
 
 def test_a_logger_thread_that_sends_at_exit_gets_to_send(data_dir, tmp_path):

@@ -3,6 +3,7 @@ and every `#L<n>` link to a line that holds the name the link shows, so that the
 and the examples they show run as written."""
 
 import csv
+import os
 import re
 import shutil
 import subprocess
@@ -105,3 +106,30 @@ def test_the_global_batch_line_of_the_configuration_page_is_what_a_run_prints(da
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(pattern, result.stdout + result.stderr), (documented, result.stderr[-2000:])
+
+
+def test_the_usage_commands_run_as_printed_after_the_readme_set_up():
+    """After the README's set-up, its Usage block starts by activating `.venv`: then `python train.py` and
+    `tensorboard` are the set-up's (outside it, `python` may have no torch and `tensorboard` may not exist)."""
+    readme = (REPO / "README.md").read_text()
+    usage = readme[readme.index("## Usage") :]
+    start = usage.index("```bash\n") + len("```bash\n")
+    block = usage[start : usage.index("\n```", start)].splitlines()
+    activate = block[0].split("#")[0].strip()
+    assert activate == "source .venv/bin/activate"
+    assert {line.split()[0] for line in block[1:]} == {"python", "tensorboard"}
+    venv = REPO / ".venv"
+    if Path(sys.prefix) != venv:
+        pytest.skip(f"the tests run in {sys.prefix}, not in the README's {venv}")
+    outside = ":".join(part for part in os.environ["PATH"].split(":") if not part.startswith(str(venv)))
+    check = f"{activate} && command -v python tensorboard && python train.py fit --help > /dev/null"
+    result = subprocess.run(
+        ["bash", "-c", check],
+        cwd=REPO,
+        env={**os.environ, "PATH": outside},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(venv / "bin" / "python"), str(venv / "bin" / "tensorboard")]

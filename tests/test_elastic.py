@@ -3,6 +3,7 @@ machine (scripts/local_cluster.sh, NNODES=1:2) that loses a node mid-epoch finis
 joins grows; a PyTorchJob's pods, played as processes with the operator's variables, continue after a pod is
 killed. Each ends within 1e-4 of an uninterrupted run with the same global batch (plain SGD, deterministic, CPU)."""
 
+import contextlib
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import preloaded
 from tests.helpers import (
     REPO,
     WAIT_S,
@@ -132,35 +134,29 @@ def test_a_pytorchjob_whose_pod_is_killed_continues_when_the_operator_restarts_t
     job = args(data_dir, tmp_path, "--ckpt_path", "last", *kubeflow)
     kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "1")
 
-    def pods(*extra: str) -> list[subprocess.CompletedProcess]:
-        port = str(free_port())
-        started = []
+    def pods(*extra: str) -> list[tuple[int, str]]:
+        """Both pods' exit statuses and output: each a train.py forked with torch imported (tests/preloaded.py)."""
+        port, started = str(free_port()), []
         for rank in range(2):
             variables = {"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
             env = {**os.environ, **variables, "KUBERNETES_PORT": "tcp://10.96.0.1:443", "PYTHONUNBUFFERED": "1"}
-            started.append(
-                subprocess.Popen(
-                    [sys.executable, "train.py", *job, *extra],
-                    cwd=REPO,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
-                )  # fmt: skip
-            )
+            output = tmp_path / f"pod{rank}-{len(extra)}.log"
+            started.append((preloaded.start(REPO, [*job, *extra], env, output, output), output))
         try:
-            return [(pod, pod.communicate(timeout=120)[0]) for pod in started]
+            for pod, _ in started:
+                pod.join(120)
+            return [(pod.exitcode, output.read_text()) for pod, output in started]
         finally:
-            for pod in started:
-                os.killpg(pod.pid, signal.SIGKILL) if pod.poll() is None else None
+            for pod, _ in started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pod.pid, signal.SIGKILL)
 
     (pod0, out0), (pod1, out1) = pods(*kill)
-    assert pod1.returncode == -signal.SIGKILL and pod0.returncode == 1, out0[-3000:]
+    assert pod1 == -signal.SIGKILL and pod0 == 1, out0[-3000:]
     assert "another process of the job stopped or failed" in out0
 
     (pod0, out0), (pod1, out1) = pods()  # the operator's restart: the same pods, the same variables
-    assert pod0.returncode == 0 and pod1.returncode == 0, out0[-3000:] + out1[-3000:]
+    assert pod0 == 0 and pod1 == 0, out0[-3000:] + out1[-3000:]
     assert re.search(
         r"--ckpt_path last: continuing \S+version_0, from checkpoints/last\.ckpt \(step 1[0-9], epoch 1\)", out0
     )

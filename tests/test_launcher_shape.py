@@ -2,11 +2,11 @@
 torchrun, SLURM and a PyTorchJob set, and what the Trainer gets for the command's --devices and --num_nodes."""
 
 import pytest
-import yaml
 from lightning.pytorch.plugins.environments import KubeflowEnvironment
 
+from app.command_line.errors import UserError
+from app.job import launcher_shape as launcher_shape_module
 from app.job.launcher_shape import LauncherShape, launcher_shape
-from app.main import main
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "job", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "6", "GROUP_WORLD_SIZE": "3"}
 LAUNCHERS = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_JOB_NAME", "PET_NNODES", "LOCAL_RANK", "RANK")
@@ -37,9 +37,10 @@ def test_an_elastic_torchrun_job_is_one_whose_nnodes_is_a_range(env, nnodes, ela
     assert launcher_shape(None).elastic == elastic
 
 
-def test_a_torchrun_job_that_restarts_is_restartable(env):
-    env({**TORCHRUN, "TORCHELASTIC_MAX_RESTARTS": "3"})
-    assert launcher_shape(None).restartable
+@pytest.mark.parametrize(("restarts", "nnodes", "restartable"), [("3", "2", True), ("0", "1:2", False)])
+def test_a_torchrun_job_that_restarts_after_a_failure_is_restartable(env, restarts, nnodes, restartable):
+    env({**TORCHRUN, "TORCHELASTIC_MAX_RESTARTS": restarts, "PET_NNODES": nnodes})
+    assert launcher_shape(None).restartable == restartable  # an elastic job without restarts ends at a loss
 
 
 def test_slurm_gives_its_tasks_per_node_and_nodes(env):
@@ -57,33 +58,48 @@ def test_without_a_launcher_there_is_no_shape(env):
 
 
 FIXED = LauncherShape("torchrun", devices=2, num_nodes=3)
-ELASTIC = LauncherShape("torchrun", devices=2, num_nodes=1, elastic="1:3")
+ELASTIC = LauncherShape("torchrun", devices=2, num_nodes=1, elastic="1:3", restarts=3)
 
 
-@pytest.mark.parametrize("command", [("auto", 1), (None, None), (2, 1), ("auto", 3)])
+@pytest.mark.parametrize("command", [("auto", 1), (None, None), (2, 1), ("2", "3"), ("-1", 3), ("auto", 3)])
 def test_options_left_out_or_the_same_take_the_launchers(command):
-    assert FIXED.settle(*command) == {"devices": 2, "num_nodes": 3}
+    assert FIXED.settle(*command) == {"devices": 2, "num_nodes": 3}  # jsonargparse gives `--devices 2` as "2"
 
 
-def test_other_options_under_a_fixed_launch_stay_for_lightnings_check_to_refuse(caplog):
-    assert FIXED.settle(4, 1) == {"devices": 4, "num_nodes": 3}
-    assert FIXED.settle(2, 2) == {"devices": 2, "num_nodes": 2}
-    assert caplog.messages == []
+@pytest.mark.parametrize(("command", "options"), [(("4", 1), "--devices 4"), ((2, 2), "--num_nodes 2")])
+def test_other_options_under_a_fixed_launch_are_refused_in_one_line(command, options):
+    with pytest.raises(UserError) as error:
+        FIXED.settle(*command)
+    assert str(error.value) == (
+        f"{options}: torchrun started 3 node(s) x 2 process(es). Leave --devices and --num_nodes out (the launcher's"
+        " are used), or make them match it."
+    )
 
 
-def test_under_an_elastic_launch_the_launcher_wins_and_says_so(caplog):
-    assert ELASTIC.settle(2, 3) == {"devices": 2, "num_nodes": 1}
+def test_under_an_elastic_launch_the_launcher_wins_and_says_so(monkeypatch):
+    said = []  # what rank 0 prints (Lightning's logger may not reach pytest's capture, by the order of imports)
+    monkeypatch.setattr(launcher_shape_module, "rank_zero_info", said.append)
+    assert ELASTIC.settle("2", 3) == {"devices": 2, "num_nodes": 1}
     line = "torchrun started 1 node(s) x 2 process(es) (an elastic job, --nnodes 1:3): training on those, not"
-    assert caplog.messages == [f"{line} --num_nodes 3."]
+    assert said == [f"{line} --num_nodes 3."]
 
 
 def test_gpu_indices_are_left_to_lightning():
     assert FIXED.settle([0, 1], 1) == {"devices": [0, 1], "num_nodes": 1}
+    assert FIXED.settle("0,1", 1) == {"devices": "0,1", "num_nodes": 1}
 
 
-@pytest.mark.parametrize(("restarts", "every_s"), [("3", 60), ("0", None)])
-def test_a_job_torchrun_restarts_saves_last_ckpt_every_minute_by_default(env, capsys, restarts, every_s):
-    env({**TORCHRUN, "TORCHELASTIC_MAX_RESTARTS": restarts})
-    with pytest.raises(SystemExit):
-        main(["fit", "--print_config"])
-    assert yaml.safe_load(capsys.readouterr().out)["fault_guard"]["checkpoint_every_s"] == every_s
+@pytest.mark.parametrize(("shape", "given", "every_s"), [(ELASTIC, None, 60), (ELASTIC, 5, 5), (FIXED, None, None)])
+def test_a_job_the_launcher_restarts_saves_last_ckpt_every_minute_unless_told_otherwise(shape, given, every_s):
+    assert shape.checkpoint_every_s(given) == every_s
+
+
+def test_an_elastic_job_says_which_sizes_cannot_share_its_global_batch():
+    # 1, 2 or 3 nodes of 2 processes: 2, 4 or 6 processes; 100 samples divide among 2 and 4, not 6
+    assert ELASTIC.batch_warning(100) == (
+        "Elastic job, --nnodes 1:3: the global batch of 100 cannot be shared equally by 6 processes, so the job would"
+        " stop on 3 node(s). A global batch every size shares is a multiple of 12 (--data.batch_size x processes x"
+        " --trainer.accumulate_grad_batches)."
+    )
+    assert ELASTIC.batch_warning(120) is None
+    assert FIXED.batch_warning(100) is None

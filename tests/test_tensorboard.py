@@ -1,8 +1,8 @@
 """A real TensorBoard server, started on loopback, serves what a user looks for in a run of train.py."""
 
 import json
+import shlex
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -10,28 +10,32 @@ from pathlib import Path
 import pytest
 
 from app.run.tensorboard import HPARAMS_METRICS
-from tests.helpers import free_port, run_train, small_run
+from tests.helpers import REPO, free_port, run_train, small_run
 
 RUN = "ConvNet-mnist/version_0"
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
 
 
 @pytest.fixture(scope="module")
-def log_root(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def log_root(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A ConvNet run of 2 epochs: its runs folder, and the dashboard command it printed."""
     root = tmp_path_factory.mktemp("runs")
     options = ("--trainer.log_every_n_steps", "2", "--dashboard.log_graph", "true")
     result = run_train(*small_run(data_dir, root, *options, model="ConvNet", max_epochs=2, devices=2))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"tensorboard --logdir {root}" in result.stderr + result.stdout
-    return root
+    (dashboard,) = [line for line in (result.stderr + result.stdout).splitlines() if line.startswith("Dashboard: ")]
+    return root, dashboard.removeprefix("Dashboard: ")
 
 
 @pytest.fixture(scope="module")
-def tensorboard(log_root: Path):
-    """The base URL of `tensorboard --logdir <runs> --host 127.0.0.1 --port <free port>`, stopped afterwards."""
+def tensorboard(log_root: tuple[Path, str]):
+    """The base URL of the dashboard command the run printed, as printed (`.venv/bin/tensorboard --logdir <runs>`
+    where the environment is not activated), with `--host 127.0.0.1 --port <free port>`; stopped afterwards."""
+    root, printed = log_root
+    assert printed.endswith(f" --logdir {root}"), printed
     port = free_port()
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(log_root), "--host", "127.0.0.1"]
-    server = subprocess.Popen([*command, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    command = [*shlex.split(printed), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

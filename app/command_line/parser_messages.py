@@ -5,6 +5,7 @@ the optimizer's type, its Union subtypes... 900 characters where the cause is "e
 the option from the chain of `Parser key "..."` lines and the cause from the deepest of them.
 """
 
+import difflib
 import importlib
 import re
 
@@ -14,6 +15,7 @@ from lightning.pytorch.profilers import Profiler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from app.command_line.invocation import train_py
 from models import ImageClassifier
 
 LIMIT = 300
@@ -44,13 +46,34 @@ KINDS = {
 }
 
 
-def shorten(message: str, argv: list[str]) -> str:
-    """The one line to print for a jsonargparse error `message` about the command line `argv`."""
+# What users of other training scripts type, for this program's options.
+COMMON_NAMES = {
+    "--epochs": "--trainer.max_epochs",
+    "--num_epochs": "--trainer.max_epochs",
+    "--steps": "--trainer.max_steps",
+    "--learning_rate": "--model.optimizer.lr",
+    "--bs": "--data.batch_size",
+    "--workers": "--data.num_workers",
+    "--seed": "--seed_everything",
+    "--gpus": "--devices",
+    "--nodes": "--num_nodes",
+    "--output_dir": "--trainer.default_root_dir",
+    "--resume": "--ckpt_path",
+}
+
+
+def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
+    """The one line to print for a jsonargparse error `message` about the command line `argv`; `options`: every
+    option name the command takes (`--trainer.max_epochs`), to point an unknown one at what it most likely meant."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
     if not keys:
         line = " ".join(message.split())
+        unknown = re.search(r"nrecognized arguments: (--[\w.-]+)", line)
+        guess = guess_option(unknown.group(1).split("=")[0], options) if unknown and options else None
+        if guess:
+            return _cut(f"{unknown.group(1).split('=')[0]}: no such option; did you mean {guess}?")
         if "unrecognized arguments" in line or "does not accept option" in line:
-            line += ". `python train.py fit --help` lists every option."
+            line += f". `{train_py()} fit --help` lists every option."
         return _cut(line)
     option = "--" + ".".join(keys)
     deepest = message[message.rfind('Parser key "') :].split(":", 1)[1]
@@ -66,7 +89,7 @@ def shorten(message: str, argv: list[str]) -> str:
             return _cut(f"{option}.{given}: {option} names no class yet; name one first ({option} CLASS_NAME).")
         return _cut(
             f"{option}.{given}: {owner} takes no argument '{argument}'."
-            f" `python train.py fit {option}.help {owner}` lists the arguments it takes."
+            f" `{train_py()} fit {option}.help {owner}` lists the arguments it takes."
         )
     if required := re.search(r"the following arguments are required: ([\w, ]+)", deepest):
         owner = classes[-1] if classes else option
@@ -83,6 +106,19 @@ def shorten(message: str, argv: list[str]) -> str:
     if expected:
         return _cut(f"{option} {value}: expected {' or '.join(expected)}.")
     return _cut(f"{option}: {' '.join(deepest.split())}")
+
+
+def guess_option(unknown: str, options: list[str]) -> str | None:
+    """The option an unknown `--name` most likely meant: a common name from other scripts (`--epochs`), the one
+    option whose last part it is (`--lr`: `--model.optimizer.lr`), or the nearest spelling (`--data.datset`)."""
+    if unknown in COMMON_NAMES:
+        return COMMON_NAMES[unknown]
+    name = unknown.removeprefix("--")
+    ending = [option for option in options if option.rsplit(".", 1)[-1] == name and option != unknown]
+    if len(ending) == 1:
+        return ending[0]
+    nearest = difflib.get_close_matches(unknown, options, n=1, cutoff=0.8)
+    return nearest[0] if nearest else None
 
 
 def _given_value(option: str, argv: list[str], deepest: str) -> str:

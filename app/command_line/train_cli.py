@@ -31,6 +31,7 @@ from app.command_line.checks import (
     check_writable,
 )
 from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
+from app.command_line.invocation import tool, train_py
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
@@ -61,18 +62,17 @@ DESCRIPTION = """\
 Train SeqNet or ConvNet on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
 process on a machine without one (--devices N: N processes on the CPU).
 Without a subcommand it fits, then tests the best checkpoint; 'fit', 'validate', 'test' and 'predict' run one
-stage. --devices and --num_nodes may stand anywhere, for --trainer.devices and --trainer.num_nodes.
+stage, 'export' writes a trained model as ONNX or TorchScript. --devices and --num_nodes may stand anywhere, for
+--trainer.devices and --trainer.num_nodes.
 
-  python train.py --model ConvNet --data.dataset mnist --devices 2
-  python train.py test --ckpt_path runs/ConvNet-mnist/version_0/checkpoints/last.ckpt
-  python train.py --model ConvNet --data.dataset mnist --ckpt_path last    # continue the latest such run
+  {train} --model ConvNet --data.dataset mnist --devices 2
+  {train} test --ckpt_path runs/ConvNet-mnist/version_0/checkpoints/last.ckpt
+  {train} --model ConvNet --data.dataset mnist --ckpt_path last    # continue the latest such run
+  {train} export --ckpt_path CKPT --format onnx --output model.onnx
 
-Every option: python train.py fit --help"""
+Every option: {train} fit --help (export's: {train} export --help)"""
 
 DEFAULT_ROOT = "runs"
-# Under a launcher that restarts the job (torchrun's --max-restarts, or an elastic --nnodes MIN:MAX), last.ckpt is
-# also saved every minute of training (`--fault_guard.checkpoint_every_s`): what a lost node or process costs, at most.
-RESTARTABLE_CHECKPOINT_EVERY_S = 60
 
 
 def trainer_defaults() -> dict:
@@ -101,6 +101,7 @@ class TrainCLI(LightningCLI):
         self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
         self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
         self.shape: LauncherShape | None = None  # what torchrun, SLURM or a PyTorchJob started (launcher_shape.py)
+        self.since_the_loss: float | None = None  # in a torchrun job restarted after a loss (app/job/node_loss.py)
         super().__init__(
             model_class=ImageClassifier,
             subclass_mode_model=True,
@@ -109,7 +110,12 @@ class TrainCLI(LightningCLI):
             seed_everything_default=42,
             auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
             save_config_callback=RunRecord,
-            parser_kwargs={"exit_on_error": False, "description": DESCRIPTION, "formatter_class": HelpFormatter},
+            parser_kwargs={
+                "allow_abbrev": False,  # `--trainer.max_epoch` is not taken for `--trainer.max_epochs`
+                "exit_on_error": False,
+                "description": DESCRIPTION.format(train=train_py()),
+                "formatter_class": HelpFormatter,
+            },
             args=args,
         )
 
@@ -142,14 +148,17 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.add_lightning_class_args(Dashboard, "dashboard")
         parser.add_lightning_class_args(FaultGuard, "fault_guard")
-        shape = launcher_shape(None)
-        if shape is not None and shape.restartable:  # a lost node or process costs at most that much training
-            parser.set_defaults({"fault_guard.checkpoint_every_s": RESTARTABLE_CHECKPOINT_EVERY_S})
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
-        """Parse, and check the values that Lightning takes unchecked (or checks late) where they enter."""
-        self._parse_with_the_starts_settings(parser, args)
+        """Parse, and check the values that Lightning takes unchecked (or checks late) where they enter. An unknown
+        option is met with the one it most likely meant (`--lr`: `--model.optimizer.lr`)."""
+        try:
+            self._parse_with_the_starts_settings(parser, args)
+        except ArgumentError as error:
+            if "nrecognized arguments" not in str(error):
+                raise
+            raise UserError(shorten(str(error), args, self._option_names())) from None
         if self.config.get("subcommand"):
             check_accelerator(self._setting("trainer.accelerator"))  # before anything else is printed
             check_counts({f"--trainer.{name}": self._setting(f"trainer.{name}") for name in COUNTS})
@@ -201,6 +210,15 @@ class TrainCLI(LightningCLI):
         refuse_another_class(self.start)
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)
+
+    def _option_names(self) -> list[str]:
+        """Every option of the subcommand asked for, as a user types it (`--model.optimizer.lr`)."""
+        parser = self._subcommand_parsers.get(self.chosen_subcommand or "fit")
+        if parser is None:
+            return []
+        keys = (key for key, _ in parser.get_defaults().items(branches=False))
+        names = (key.replace(".init_args.", ".").removesuffix(".class_path") for key in keys)
+        return list(dict.fromkeys(f"--{name}" for name in names if name != "config"))
 
     def _find_start(self, subcommand: str) -> Start | None:
         config = self.config[subcommand]
@@ -350,18 +368,25 @@ class TrainCLI(LightningCLI):
         off Lightning's own (Lightning refuses a ModelCheckpoint beside it)."""
         if config.get("enable_checkpointing") is False:
             callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
-        self._take_the_launchers_shape(config)
+        self._take_the_launchers_shape(config, callbacks)
         return super()._instantiate_trainer(config, callbacks)
 
-    def _take_the_launchers_shape(self, config: dict) -> None:
+    def _take_the_launchers_shape(self, config: dict, callbacks: list) -> None:
         """Under torchrun, SLURM or a PyTorchJob, `--devices` and `--num_nodes` left out are what the launcher
-        started; given and different, they stay a one-line error before the meeting (`check_launcher`), except under
-        an elastic torchrun job, whose size changes: there the launcher wins (`app/job/launcher_shape.py`)."""
+        started; given and different, a one-line error, except under an elastic torchrun job, whose size changes:
+        there the launcher wins (`app/job/launcher_shape.py`). In a job the launcher restarts, last.ckpt is saved
+        every minute unless `--fault_guard.checkpoint_every_s` says otherwise (decided here, not in the parser:
+        a run's record keeps what the user chose, whatever launcher continues it)."""
         plugins = config.get("plugins")
         plugins = plugins if isinstance(plugins, list) else [plugins]
         self.shape = launcher_shape(next((p for p in plugins if isinstance(p, ClusterEnvironment)), None))
-        if self.shape is not None:
-            config.update(self.shape.settle(config["devices"], config["num_nodes"]))
+        if self.shape is None:
+            return
+        config.update(self.shape.settle(config["devices"], config["num_nodes"]))
+        for guard in (callback for callback in callbacks if isinstance(callback, FaultGuard)):
+            guard.checkpoint_every_s = self.shape.checkpoint_every_s(guard.checkpoint_every_s)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # the note of this node's previous attempt, used up here
+            self.since_the_loss = seconds_since_the_loss()
 
     def _output_folders(self) -> dict[str, Path | str]:
         """The folders global rank 0 writes the run's logs, checkpoints and predictions into, by option."""
@@ -425,15 +450,16 @@ class TrainCLI(LightningCLI):
         self._say_the_job_changed_size(data_state["world_size"])
 
     def _say_the_job_changed_size(self, world_size_before: int) -> None:
-        """Under a launcher that restarted the job on another number of nodes (an elastic torchrun job that lost a
-        node, or gained one), say so, and how long after the loss the job starts again (`app/job/node_loss.py`)."""
-        since_the_loss = seconds_since_the_loss() if self.trainer.local_rank == 0 else None
-        shape = self.shape
-        if shape is None or not shape.restartable:  # restarts after a node joined do not count as restarts
+        """When the launcher restarted this very job on another number of nodes (an elastic torchrun job that lost a
+        node, or gained one: the checkpoint names the job, `FaultGuard.state_dict`), say so, and how long after the
+        loss the job starts again (`app/job/node_loss.py`)."""
+        shape, saved = self.shape, self.start.contents.get("callbacks", {}).get(FaultGuard.__qualname__, {})
+        if shape is None or saved.get("torchrun_run_id") != os.environ.get("TORCHELASTIC_RUN_ID"):
             return
-        nodes_before = max(1, world_size_before // shape.devices)
+        nodes_before = saved.get("num_nodes", shape.num_nodes)
         step = self.start.contents.get("global_step", 0)
         if shape.num_nodes < nodes_before:
+            since_the_loss = self.since_the_loss
             after = f", {since_the_loss:.1f} s after the loss" if since_the_loss is not None else ""
             rank_zero_info(
                 f"Node lost: continuing on {shape.num_nodes} node(s) of {nodes_before} from step {step}{after}"
@@ -467,12 +493,23 @@ class TrainCLI(LightningCLI):
         if self._setting("ckpt_path") == "last" and self.start is None:
             rank_zero_info(f"--ckpt_path last: nothing to continue in {self._runs_of_model()}, starting a new run.")
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
-        if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and not self.shape:
+        self._warn_of_sizes_that_cannot_share_the_batch()
+        no_launcher = self.shape is None  # a launcher's one process was asked for
+        if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and no_launcher:
             # Lightning's `devices="auto"` is one process on a CPU: more would share its cores and run no faster.
             rank_zero_info(
                 f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"
                 " processes, which share those cores."
             )
+
+    def _warn_of_sizes_that_cannot_share_the_batch(self) -> None:
+        """In an elastic job, the numbers of nodes it may come to whose processes cannot share the global batch:
+        a continuation there would stop (it keeps the global batch). Said once, at the start."""
+        if self.shape is not None and hasattr(self.datamodule, "hparams"):
+            trainer = self.trainer
+            global_batch = self.datamodule.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+            if line := self.shape.batch_warning(global_batch):
+                rank_zero_info(line)
 
     def before_validate(self) -> None:
         self._check_before_launch("validate")
@@ -514,7 +551,7 @@ class TrainCLI(LightningCLI):
         if best_checkpoint:
             lines.append(f"Best checkpoint: {best_checkpoint}")
         if self.trainer.loggers:
-            lines.append(f"Dashboard: tensorboard --logdir {self.trainer.logger.save_dir}")
+            lines.append(f"Dashboard: {tool('tensorboard')} --logdir {self.trainer.logger.save_dir}")
         if self.run is not None:  # claimed by global rank 0, which alone prints
             if self.run.path is not None:
                 lines.append(f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {self.run.path}")

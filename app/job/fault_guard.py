@@ -41,7 +41,7 @@ class FaultGuard(Callback):
     """Act on stop signals, SLURM's requeue signal, a diverged loss and a process that stopped answering.
 
     Args:
-        every_n_steps: Training steps between two checks of signals and loss; each check is one all-reduce of three
+        every_n_steps: Training steps between two checks of signals and loss; each check is one all-reduce of four
             flags. With 1 the ranks compare flags before every step, as often as Lightning does by itself.
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
@@ -164,6 +164,11 @@ class FaultGuard(Callback):
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         self.saved_at = time.monotonic()
 
+    def state_dict(self) -> dict:
+        """Which job saved the checkpoint, and on how many nodes: a torchrun job restarted on another number of nodes
+        says so when it continues (`TrainCLI._say_the_job_changed_size`), another job does not."""
+        return {"torchrun_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "num_nodes": self._trainer.num_nodes}
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # the same on every rank, kept on resume
@@ -180,7 +185,7 @@ class FaultGuard(Callback):
         flags = torch.tensor([self.stop_signal or 0, self.requeue, 0, save_due], dtype=torch.int32, device=device)
         if self.last_loss is not None:  # on the device: the flag is made without waiting for the step to finish
             flags[2] = (~torch.isfinite(self.last_loss.detach())).any()
-        stop_signal, requeue, diverged, save_due = trainer.strategy.reduce(flags, reduce_op="max").tolist()  # any
+        stop_signal, requeue, diverged, save_due = trainer.strategy.reduce(flags, reduce_op="max").tolist()
         if requeue:
             self.requeue = False
             connector = trainer._signal_connector

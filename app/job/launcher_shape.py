@@ -7,6 +7,7 @@ launcher's figures win over the command line's, and a line says so. Lightning ne
 issues #9063 and #10180).
 """
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,17 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.pytorch.utilities import rank_zero_info
 
+from app.command_line.errors import UserError
+
+# In a job the launcher restarts, last.ckpt is also saved every minute of training (at the first fault guard check
+# after it: `--fault_guard.checkpoint_every_s`): what a lost node or process costs, at most.
+RESTARTABLE_CHECKPOINT_EVERY_S = 60.0
+
 
 @dataclass(frozen=True)
 class LauncherShape:
+    """What a launcher started: the processes per node and the nodes, and whether it restarts the job."""
+
     launcher: str  # as a user names it: "torchrun", "SLURM", "the PyTorchJob"
     devices: int  # processes per node
     num_nodes: int
@@ -30,30 +39,60 @@ class LauncherShape:
 
     @property
     def restartable(self) -> bool:
-        """Whether the job may start again from its checkpoint, on the same or another number of nodes."""
-        return self.elastic is not None or self.restarts > 0
+        """Whether a failed job starts again, from its checkpoint (an elastic job with no restarts ends at a loss)."""
+        return self.restarts > 0
+
+    def describe(self) -> str:
+        elastic = f" (an elastic job, --nnodes {self.elastic})" if self.elastic else ""
+        return f"{self.launcher} started {self.num_nodes} node(s) x {self.devices} process(es){elastic}"
 
     def settle(self, devices: object, num_nodes: object) -> dict[str, object]:
         """The Trainer's `devices` and `num_nodes` for the command's: the launcher's where the command leaves them
-        out (`auto`, 1: the Trainer's defaults), and under an elastic job where it gives others (said in a line).
-        Elsewhere a difference stays, for Lightning's check to refuse in one line."""
-        command = {"devices": devices, "num_nodes": num_nodes}
+        out (`auto`, -1, 1: the Trainer's defaults), and under an elastic job where it gives others (said in a
+        line). Under a fixed launch, others are a mistake, said in one line."""
+        command = {"devices": _number(devices), "num_nodes": _number(num_nodes)}
         started = {"devices": self.devices, "num_nodes": self.num_nodes}
-        left_out = {"devices": ("auto", None), "num_nodes": (1, None)}
+        left_out = {"devices": ("auto", -1, None), "num_nodes": (1, None)}
         given = {name: value for name, value in command.items() if value not in left_out[name]}
         if any(not isinstance(value, int) for value in given.values()):  # GPU indices: Lightning's to check
-            return command
+            return {"devices": devices, "num_nodes": num_nodes}
         different = {name: value for name, value in given.items() if value != started[name]}
+        options = " ".join(f"--{name} {value}" for name, value in different.items())
         if different and not self.elastic:
-            return {**started, **different}
-        if different:
-            options = ", ".join(f"--{name} {value}" for name, value in different.items())
-            elastic = f" (an elastic job, --nnodes {self.elastic})"
-            rank_zero_info(
-                f"{self.launcher} started {self.num_nodes} node(s) x {self.devices} process(es){elastic}: training"
-                f" on those, not {options}."
+            raise UserError(
+                f"{options}: {self.describe()}. Leave --devices and --num_nodes out (the launcher's are used), or"
+                " make them match it."
             )
+        if different:
+            rank_zero_info(f"{self.describe()}: training on those, not {options}.")
         return started
+
+    def checkpoint_every_s(self, given: float | None) -> float | None:
+        """`--fault_guard.checkpoint_every_s` in this job: every minute in one the launcher restarts, unless given."""
+        return RESTARTABLE_CHECKPOINT_EVERY_S if given is None and self.restartable else given
+
+    def batch_warning(self, global_batch: int) -> str | None:
+        """In an elastic job, a line naming the numbers of nodes it may shrink or grow to whose processes cannot
+        share `global_batch` equally (a continued run keeps its global batch, and stops where it cannot); else None."""
+        if not self.elastic:
+            return None
+        low, _, high = self.elastic.partition(":")
+        sizes = range(int(low), int(high) + 1)
+        cannot = [nodes for nodes in sizes if global_batch % (nodes * self.devices)]
+        if not cannot:
+            return None
+        every_size = math.lcm(*(nodes * self.devices for nodes in sizes))
+        return (
+            f"Elastic job, --nnodes {self.elastic}: the global batch of {global_batch} cannot be shared equally by"
+            f" {' or '.join(str(nodes * self.devices) for nodes in cannot)} processes, so the job would stop on"
+            f" {' or '.join(map(str, cannot))} node(s). A global batch every size shares is a multiple of"
+            f" {every_size} (--data.batch_size x processes x --trainer.accumulate_grad_batches)."
+        )
+
+
+def _number(value: object) -> object:
+    """`'2'` as 2: jsonargparse gives `--devices 2` as a string (the Trainer takes GPU indices such as `'0,1'` too)."""
+    return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else value
 
 
 def launcher_shape(environment: ClusterEnvironment | None) -> LauncherShape | None:

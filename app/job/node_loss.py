@@ -8,6 +8,7 @@ runs), is what both attempts on a node can find. Nothing else: the run's folder 
 
 import contextlib
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -18,28 +19,31 @@ def _note() -> Path | None:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None or os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") == "0":
         return None
-    return Path(tempfile.gettempdir(), f"train.py-torchrun-{os.getppid()}-{run_id}-lost")
+    name = re.sub(r"[^\w.-]", "_", f"train.py-torchrun-{os.getppid()}-{run_id}-lost")
+    return Path(tempfile.gettempdir(), name)
 
 
 def note_the_loss() -> None:
     """A process of the job is gone: keep the time for the attempt torchrun starts next (the first note wins)."""
     note = _note()
-    if note is None:
+    if note is None or note.exists():
         return
     with contextlib.suppress(OSError):
-        descriptor = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.write(descriptor, repr(time.time()).encode())
-        os.close(descriptor)
+        written = note.with_name(f"{note.name}.{os.getpid()}")
+        written.write_text(repr(time.time()))
+        written.rename(note)  # whole, or not there
 
 
 def seconds_since_the_loss() -> float | None:
-    """Seconds since this node's processes of the previous attempt lost a peer, or None; the note is used up."""
+    """Seconds since this node's processes of the previous attempt lost a peer, or None. Read once, by local rank 0
+    of each attempt at its start, which uses the note up: a later loss gets a note of its own."""
     note = _note()
     if note is None:
         return None
     try:
-        lost_at = float(note.read_text())
-        note.unlink()
+        return time.time() - float(note.read_text())
     except (OSError, ValueError):
         return None
-    return time.time() - lost_at
+    finally:
+        with contextlib.suppress(OSError):
+            note.unlink()

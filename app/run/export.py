@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from app.command_line.invocation import train_py
 from app.run.checkpoints import read_checkpoint, saved_model_class
 from datamodules.mnist import MNISTDataModule
 from models import ImageClassifier
@@ -29,14 +30,20 @@ class ExportError(RuntimeError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        raise ExportError(f"{message}. Usage: {USAGE}")
+        raise ExportError(f"{message}. Usage: {usage()}")
 
 
-USAGE = "python train.py export --ckpt_path CKPT --format onnx|torchscript --output FILE"
+def usage() -> str:
+    return f"{train_py()} export --ckpt_path CKPT --format onnx|torchscript --output FILE"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="train.py export", usage=USAGE, description=__doc__)
+    parser = _Parser(
+        prog=f"{train_py()} export",
+        usage=usage(),
+        description=__doc__.replace("python train.py", train_py()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the examples, each on its line
+    )
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by train.py")
     parser.add_argument("--format", required=True, help="onnx or torchscript")
     parser.add_argument("--output", required=True, help="the file to write")
