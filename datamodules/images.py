@@ -1,26 +1,82 @@
-"""A user's own picture as the network's input: a 28x28 uint8 image, light strokes on a dark background."""
+"""A user's own picture as the network's input: a 28x28 uint8 image, light strokes on a dark background, made the
+way MNIST made its digits. NumPy and Pillow only: the file also runs beside an exported model, without this
+repository (docs/use-the-model.md).
 
+MNIST's digits were fitted, by their bounding box, into 20x20 (aspect ratio kept, anti-aliased), then placed in
+28x28 so that their centre of mass falls on the centre (LeCun et al., the MNIST page). A network trained on them has
+never seen a digit drawn small in a corner of a page, or one that touches the border: the whole picture fitted into
+28x28 leaves a page's margins in, and the digit a few pixels wide.
+"""
+
+import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
-from PIL import Image, ImageOps
-from torch import Tensor
+from PIL import Image, ImageFilter, ImageOps
 
-SIDE = 28
+SIDE = 28  # MNIST's images
+BOX = 20  # the square MNIST fitted each digit's bounding box into
+INK = 0.5  # a pixel is ink when at least half as much darker than the paper as the darkest stroke is
 
 
-def to_mnist_image(path: Path) -> Tensor:
+def mnist_pixels(path: Path | str) -> np.ndarray:
     """Read an image file (PNG, JPEG, BMP, ...; any size, grayscale or colour) and turn it into what the network
-    was trained on: grayscale, inverted when its background is light (dark strokes on paper, a scan, a photo),
-    fitted into 28x28 keeping its aspect ratio, centred on black. Raises OSError when the file is no image."""
-    with Image.open(path) as image:
-        gray = ImageOps.grayscale(ImageOps.exif_transpose(image))
-    pixels = np.asarray(gray)
+    was trained on: grayscale, inverted when its background is light (dark strokes on paper, a scan, a photo), the
+    background taken away, the strokes' bounding box fitted into 20x20 and their centre of mass put at the centre of
+    28x28. Raises OSError when the file is no image, and Pillow's DecompressionBombError when it has more pixels than
+    Pillow decodes safely (`Image.MAX_IMAGE_PIXELS`; where Pillow would only warn, too)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(path) as image:
+                gray = ImageOps.grayscale(ImageOps.exif_transpose(image))
+        except Image.DecompressionBombWarning as warning:
+            raise Image.DecompressionBombError(str(warning)) from None
+    return as_mnist_digit(np.asarray(gray, dtype=np.float32))
+
+
+def as_mnist_digit(pixels: np.ndarray) -> np.ndarray:
+    """A grayscale picture (any size, 0 to 255) as a 28x28 uint8 MNIST digit. One of 28x28 already is taken as
+    the datasets store their images (only inverted, if its background is light)."""
     border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
-    if border.mean() > 127:  # the background is what the border is made of
-        gray = ImageOps.invert(gray)
-    fitted = ImageOps.contain(gray, (SIDE, SIDE), method=Image.Resampling.BOX)  # each pixel: the mean of its area
-    canvas = Image.new("L", (SIDE, SIDE), 0)
-    canvas.paste(fitted, ((SIDE - fitted.width) // 2, (SIDE - fitted.height) // 2))
-    return torch.from_numpy(np.array(canvas))
+    light = float(np.median(border)) > 127  # the page is what the border is made of
+    if pixels.shape == (SIDE, SIDE):
+        return np.uint8(255 - pixels if light else pixels)
+    strokes = _strokes(pixels if light else 255 - pixels)  # light strokes on black, whichever the page was
+    if strokes.max() == 0:  # a blank picture: nothing to centre
+        return np.zeros((SIDE, SIDE), dtype=np.uint8)
+    strokes = np.clip(strokes / strokes.max(), 0, 1)
+    rows, columns = np.nonzero(strokes >= INK)
+    box = strokes[rows.min() : rows.max() + 1, columns.min() : columns.max() + 1]
+    digit = Image.fromarray(np.uint8(np.round(box * 255)))
+    scale = BOX / max(digit.size)
+    size = (max(1, round(digit.width * scale)), max(1, round(digit.height * scale)))
+    fitted = np.asarray(digit.resize(size, Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC))
+    return _centred_by_mass(fitted.astype(np.float32))
+
+
+def _strokes(page: np.ndarray) -> np.ndarray:
+    """How much darker than the paper around it each pixel of `page` (dark strokes on a light page) is.
+
+    The paper is not one grey in a photo (light from one side, a shadow): its brightness is estimated around each
+    pixel as the lightest nearby pixel (a maximum filter, which takes the strokes away, on a picture of about 64
+    pixels), smoothed and brought back to full size.
+    """
+    height, width = page.shape
+    factor = max(1, max(height, width) // 64)
+    reduced = Image.fromarray(np.uint8(page)).resize((max(1, width // factor), max(1, height // factor)), Image.BOX)
+    paper = reduced.filter(ImageFilter.MaxFilter(9)).filter(ImageFilter.GaussianBlur(2))
+    paper = np.asarray(paper.resize((width, height), Image.BILINEAR), dtype=np.float32)
+    return np.clip(paper - page, 0, None)
+
+
+def _centred_by_mass(digit: np.ndarray) -> np.ndarray:
+    """`digit` (at most 20x20) placed in 28x28 with its centre of mass on the centre, kept inside the frame."""
+    mass = digit.sum()  # more than 0: the box holds the strokes
+    rows, columns = np.indices(digit.shape)
+    centre = ((rows * digit).sum() / mass, (columns * digit).sum() / mass)
+    top = int(np.clip(round(SIDE / 2 - centre[0]), 0, SIDE - digit.shape[0]))
+    left = int(np.clip(round(SIDE / 2 - centre[1]), 0, SIDE - digit.shape[1]))
+    canvas = np.zeros((SIDE, SIDE), dtype=np.float32)
+    canvas[top : top + digit.shape[0], left : left + digit.shape[1]] = digit
+    return np.uint8(np.clip(np.round(canvas), 0, 255))

@@ -15,12 +15,13 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import MNIST, FashionMNIST
 
-from datamodules.images import to_mnist_image
+from datamodules.images import mnist_pixels
 from datamodules.sampler import ResumableDistributedSampler
 
 # torchvision class, mean and std of the training images (pixel values scaled to [0, 1]).
@@ -192,16 +193,24 @@ class MNISTDataModule(LightningDataModule):
         """The folder's images, as a dataset whose labels are unknown (-1). Files that are no image are skipped."""
         if not folder.is_dir():
             raise DataError(f"--data.predict_dir {folder}: no such folder. Give a folder that holds image files.")
-        images, skipped = [], []
+        images, skipped, too_large = [], [], []
         for path in sorted(path for path in folder.iterdir() if path.is_file()):
             try:
-                images.append(to_mnist_image(path))
+                images.append(torch.from_numpy(mnist_pixels(path)))
                 self.predict_files.append(path)
+            except Image.DecompressionBombError:  # a picture that could exhaust the memory to decode
+                too_large.append(path.name)
             except (OSError, ValueError):  # PIL's "cannot identify image file", a truncated file, ...
                 skipped.append(path.name)
         if skipped:
             rank_zero_warn(
                 f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}"
+            )
+        if too_large:
+            rank_zero_warn(
+                f"Skipped {len(too_large)} picture(s) of {folder} with more pixels than Pillow decodes safely"
+                f" ({Image.MAX_IMAGE_PIXELS // 1_000_000} million, its guard against decompression bombs):"
+                f" {', '.join(too_large)}. Make them smaller to predict them."
             )
         if not images:
             raise DataError(f"--data.predict_dir {folder} holds no readable image: put PNG, JPEG or BMP files there.")

@@ -2,6 +2,7 @@
 
 import functools
 import http.server
+import re
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ import yaml
 
 from app.command_line.invocation import train_py
 from app.main import main, parse_command
-from tests.helpers import run_command, run_train
+from tests.helpers import run_command, run_train, small_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -184,6 +185,16 @@ def test_truncated_data_ends_in_one_line_without_traceback(data_dir, tmp_path):
     assert "corrupt or truncated" in result.stderr.strip().splitlines()[-1]
 
 
+def test_a_run_of_one_process_says_what_concerns_its_user(data_dir, tmp_path):
+    """No banner of a process group of one, no rows of metric objects in the model summary before the network."""
+    result = run_train(*small_run(data_dir, tmp_path, "--trainer.limit_train_batches", "2", devices=1))
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    for noise in ("MEMBER: 1/1", "Starting with 1 processes", "Trainer already configured", "MulticlassAccuracy"):
+        assert noise not in output, noise
+    assert re.search(r"0 \| net +\| Sequential", output), output[-3000:]  # the network is the summary's first row
+
+
 def test_runs_without_a_logger(data_dir, tmp_path):
     argv = ("--trainer.logger", "false", "--data.data_dir", str(data_dir), "--data.val_size", "200")
     result = run_train(*argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path), timeout=120)
@@ -205,12 +216,25 @@ def test_a_second_run_into_the_same_folder_gets_its_own_version(data_dir, tmp_pa
     assert all((tmp_path / "SeqNet-fashion_mnist" / v / "config.yaml").is_file() for v in versions)
 
 
+def test_a_config_file_with_a_tag_that_would_run_code_is_refused_naming_the_file(tmp_path):
+    config = tmp_path / "shared.yaml"
+    config.write_text(f"trainer:\n  max_epochs: !!python/object/apply:os.system [touch {tmp_path}/pwned]\n")
+    (tmp_path / "fine.yaml").write_text("data:\n  batch_size: 32\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(tmp_path / "fine.yaml"), "--config", str(config)])
+    assert exit_info.value.code.startswith(
+        f"error: --config {config}, line 2: the tag !!python/object/apply:os.system is refused: a config holds plain"
+    )
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_help_says_what_the_program_does_with_examples(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code in (None, 0)
     help_text = capsys.readouterr().out
-    assert "Train SeqNet or ConvNet on MNIST or FashionMNIST" in help_text
+    assert "Train an image classifier on MNIST or FashionMNIST" in help_text
+    assert "--model names it: ConvNet, SeqNet." in help_text  # every ImageClassifier of models/
     assert help_text.count(f"  {train_py()} ") >= 2  # the examples, as they run here
     assert "fit,validate,test,predict" in help_text.replace(" ", "")
     assert f"{train_py()} export --help" in help_text  # the subcommand LightningCLI does not know

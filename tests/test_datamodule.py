@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from PIL import Image
 from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules import DataError, MNISTDataModule
@@ -159,3 +160,18 @@ def test_a_continued_run_that_cannot_keep_its_batches_is_refused_in_one_line(
     datamodule = MNISTDataModule(data_dir=str(data_dir), batch_size=chosen_batch or 64)
     with pytest.raises(DataError, match=re.escape(words)):
         datamodule.batch_size_to_continue(state, world_size, 1, chosen_batch is not None, epoch=0)
+
+
+def test_a_picture_too_large_to_decode_safely_is_skipped_with_a_line_that_names_it(tmp_path, monkeypatch):
+    """Pillow refuses to decode a picture of more than twice `Image.MAX_IMAGE_PIXELS` (a decompression bomb: a small
+    file that would fill the memory) and warns above it; both are skipped, the others predicted."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 89 million by default: the test's pictures stay small
+    Image.new("L", (10, 12), 255).save(tmp_path / "large.png")  # 120 pixels: Pillow would warn
+    Image.new("L", (30, 30), 255).save(tmp_path / "larger.png")  # 900: Pillow refuses
+    Image.new("L", (8, 8), 255).save(tmp_path / "small.png")
+    datamodule = MNISTDataModule(predict_dir=str(tmp_path))
+    with pytest.warns(
+        UserWarning, match=r"Skipped 2 picture\(s\) of .* decompression bombs\): large\.png, larger\.png"
+    ):
+        datamodule.setup("predict")
+    assert [path.name for path in datamodule.predict_files] == ["small.png"]

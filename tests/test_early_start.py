@@ -174,6 +174,9 @@ fit:
         (["fit", "--devices", "2", "--print_config"], {}, 1),
         (["export", "--devices", "2"], {}, 1),
         (["--config", "{missing}", "--devices", "2"], {}, 1),  # LightningCLI says what is wrong with it
+        (["test", "--ckpt_path", "{missing}", "--devices", "3"], {}, 1),  # the first process says it, alone
+        (["test", "--ckpt_path", "{saved}", "--devices", "3"], {}, 3),
+        (["--ckpt_path", "last", "--devices", "3"], {}, 3),
     ],
 )
 def test_the_processes_started_early_are_the_ones_the_command_line_asks_for(

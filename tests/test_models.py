@@ -2,6 +2,8 @@
 and that a checkpoint alone classifies raw pixels."""
 
 import re
+import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from torch import nn
 from datamodules import MNISTDataModule
 from datamodules.mnist import DATASETS
 from models import ConvNet, SeqNet
-from tests.helpers import run_train
+from tests.helpers import REPO, run_command, run_train, small_run
 from tests.synthetic import read_idx_images, read_idx_labels
 
 
@@ -99,3 +101,33 @@ def test_testing_a_checkpoint_from_the_command_line_normalises_with_the_checkpoi
     assert result.returncode == 0, result.stderr[-3000:]
     finished = re.search(r"Finished: test/acc \S+  test/loss (\S+)", result.stdout + result.stderr)
     assert finished is not None and float(finished.group(1)) == pytest.approx(expected_loss, abs=1e-4)
+
+
+TINYNET = '''"""A model added by a user: one file, nothing else edited."""
+
+from torch import nn
+
+from models.base import ImageClassifier
+
+
+class TinyNet(ImageClassifier):
+    def __init__(self, width: int = 8, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, width), nn.ReLU(), nn.Linear(width, 10))
+'''
+
+
+def test_a_model_added_as_a_file_under_models_trains_as_model_name(data_dir, tmp_path):
+    """models/__init__.py imports every module of its folder: a copy of the program with models/tinynet.py added
+    trains `--model TinyNet` and lists it in --help."""
+    program = tmp_path / "program"
+    for part in ("app", "datamodules", "models", "train.py"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, program / part)
+    (program / "models" / "tinynet.py").write_text(TINYNET)
+    run = [sys.executable, "train.py", *small_run(data_dir, tmp_path / "runs", "--model", "TinyNet", model=None)]
+    result = run_command([*run, "--model.width", "4", "--trainer.limit_train_batches", "2"], 120, cwd=program)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "runs" / "TinyNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    listed = run_command([sys.executable, "train.py", "--help"], 60, cwd=program)
+    assert "--model names it: ConvNet, SeqNet, TinyNet." in listed.stdout

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageDraw, ImageOps
 
-from datamodules.images import to_mnist_image
+from datamodules.images import mnist_pixels
 from models import SeqNet
 from tests.conftest import TEST_SIZE
 from tests.helpers import run_train
@@ -64,6 +64,9 @@ def test_test_and_predict_of_a_runs_checkpoint_write_beside_that_run_without_war
         lines = (result.stdout + result.stderr).strip().splitlines()
         assert lines[-1] == last_line, lines[-3:]  # the last line says where
         assert "dirpath has changed" not in result.stderr
+        said = f"--ckpt_path {run / 'checkpoints' / best.name}: {run / 'checkpoints' / best.name} (step "
+        assert said in result.stdout + result.stderr  # which weights, once, in this program's words
+        assert "Restoring states" not in result.stderr and "Loaded model weights" not in result.stderr
     assert list((run / "test" / "version_0").glob("events.out.tfevents.*"))
     assert [path.name for path in run.parent.iterdir()] == ["version_0"]  # no new run folder
 
@@ -92,14 +95,26 @@ def test_a_folder_of_images_is_predicted_file_by_file_and_a_broken_file_is_named
     assert [int(row["prediction"]) for row in rows[:3]] == expected
 
 
-def test_a_scan_of_dark_strokes_on_paper_becomes_a_dataset_like_image(data_dir):
+def test_a_digit_drawn_small_on_a_page_becomes_a_digit_as_mnist_made_them(tmp_path):
+    """MNIST's recipe: the strokes' bounding box fitted into 20x20, their centre of mass on the centre of 28x28;
+    the page's margins and its light background gone."""
+    page = Image.new("L", (600, 400), 235)  # a light grey page
+    ImageDraw.Draw(page).rectangle((40, 300, 70, 380), fill=20)  # a dark stroke, 31 x 81, in a corner
+    page.save(tmp_path / "page.jpg", quality=90)
+    digit = mnist_pixels(tmp_path / "page.jpg").astype(float)
+    assert digit.shape == (28, 28) and digit[0].max() == 0  # light strokes on black
+    rows, columns = np.nonzero(digit > 0.3 * digit.max())
+    assert rows.max() - rows.min() + 1 == 20 and columns.max() - columns.min() + 1 in (7, 8)  # 81 -> 20, 31 -> 7.7
+    mass = digit.sum()
+    centre = ((np.indices(digit.shape)[0] * digit).sum() / mass, (np.indices(digit.shape)[1] * digit).sum() / mass)
+    assert abs(centre[0] - 14) <= 0.5 and abs(centre[1] - 14) <= 0.5
+
+
+def test_a_picture_of_28x28_is_taken_as_the_datasets_store_theirs(data_dir, tmp_path):
     original = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[0].copy()
-    original[:3], original[-3:], original[:, :3], original[:, -3:] = 0, 0, 0, 0  # a dark background, as in MNIST
-    path = data_dir.parent / "scan.png"
-    ImageOps.invert(Image.fromarray(original)).resize((56, 56), Image.Resampling.NEAREST).save(path)
-    converted = to_mnist_image(path)
-    assert converted.dtype == torch.uint8 and converted.shape == (28, 28)
-    assert np.abs(converted.numpy().astype(int) - original.astype(int)).mean() < 2
+    original[:3], original[-3:], original[:, :3], original[:, -3:] = 0, 0, 0, 0
+    ImageOps.invert(Image.fromarray(original)).save(tmp_path / "scan.png")  # dark on light: inverted back
+    assert (mnist_pixels(tmp_path / "scan.png") == original).all()
 
 
 @pytest.mark.parametrize(("make_folder", "words"), [(False, "no such folder"), (True, "holds no readable image")])

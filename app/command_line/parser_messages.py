@@ -8,7 +8,9 @@ the option from the chain of `Parser key "..."` lines and the cause from the dee
 import difflib
 import importlib
 import re
+from pathlib import Path
 
+import yaml
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.profilers import Profiler
@@ -66,6 +68,8 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
     """The one line to print for a jsonargparse error `message` about the command line `argv`; `options`: every
     option name the command takes (`--trainer.max_epochs`), to point an unknown one at what it most likely meant."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
+    if tag := re.search(r"could not determine a constructor for the tag '(?:tag:yaml\.org,2002:)?([^']+)'", message):
+        return _cut(_refused_tag(tag.group(1), message, argv))
     if not keys:
         line = " ".join(message.split())
         unknown = re.search(r"nrecognized arguments: (--[\w.-]+)", line)
@@ -106,6 +110,31 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
     if expected:
         return _cut(f"{option} {value}: expected {' or '.join(expected)}.")
     return _cut(f"{option}: {' '.join(deepest.split())}")
+
+
+def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
+    """A YAML tag that would build a Python object (`!!python/object/apply:os.system`): refused, in the file the user
+    gave (the one of the `--config` files that YAML's safe loader refuses)."""
+    configs = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("-c", "--config")]
+    configs += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    refused = next((path for path in configs if _refuses(path)), None)
+    where = re.search(r"line (\d+), column (\d+)", message)
+    place = f", line {where.group(1)}" if where else ""
+    source = f"--config {refused}{place}" if refused else f"a config given on the command line{place}"
+    return (
+        f"{source}: the tag !!{tag} is refused: a config holds plain values (numbers, strings, lists, mappings),"
+        " never code to run. Remove the tag; a class is given as class_path and init_args."
+    )
+
+
+def _refuses(path: str) -> bool:
+    try:
+        yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError:
+        return True
+    except (OSError, UnicodeDecodeError):
+        return False
+    return False
 
 
 def guess_option(unknown: str, options: list[str]) -> str | None:

@@ -8,9 +8,27 @@ import sys
 import warnings
 
 
-class _DropAdvertisement(logging.Filter):
+class _DropLines(logging.Filter):
+    """Drop the log records whose message holds one of `parts`."""
+
+    def __init__(self, *parts: str) -> None:
+        super().__init__()
+        self.parts = parts
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
+        message = record.getMessage()
+        return not any(part in message for part in self.parts)
+
+
+# Lightning's lines that say nothing to a user of this program, and why:
+LIGHTNING_NOISE = (
+    "litlogger",  # an advertisement for a hosted logging service, printed by every Trainer
+    "Starting with 1 processes",  # the process group's banner, for a job of one process
+    "Trainer already configured with model summary callbacks",  # this program's summary (app/run/model_summary.py)
+    "Restoring states from the checkpoint path at",  # a checkpoint being read: the program says which it continues
+    "Restored all states from the checkpoint at",  # (`--ckpt_path ...: continuing ...`) or the summary names it
+    "Loaded model weights from the checkpoint at",
+)
 
 
 def silence_noise(subcommand: str | None) -> None:
@@ -24,9 +42,10 @@ def silence_noise(subcommand: str | None) -> None:
     # one the checkpoint was saved in does not matter (Lightning warns once per process).
     if subcommand in ("validate", "test", "predict"):
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
-    # An advertisement for a hosted logging service, printed by every Trainer.
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_DropAdvertisement())
+        logging.getLogger(name).addFilter(_DropLines(*LIGHTNING_NOISE))
+    # "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/1": a job of one process has nothing to initialise.
+    logging.getLogger("lightning.fabric.utilities.distributed").addFilter(_DropLines("MEMBER: 1/1"))
 
 
 # What nanobind prints after the interpreter has shut down about objects never freed, and nothing else.

@@ -51,16 +51,17 @@ from app.run.continuation import (
 from app.run.dashboard import Dashboard
 from app.run.folder import CHECKPOINTS, RunFolder, checkpoint_folders, is_run, run_name
 from app.run.global_batch import GlobalBatchInfo
+from app.run.model_summary import NetworkSummary
 from app.run.predictions import PredictionWriter
 from app.run.record import RunRecord
 from app.run.replan import ReplanOnResume
 from app.run.tensorboard import RunLogger
 from datamodules import MNISTDataModule
-from models import ImageClassifier
+from models import ImageClassifier, model_names
 
 DESCRIPTION = """\
-Train SeqNet or ConvNet on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
-process on a machine without one (--devices N: N processes on the CPU).
+Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
+process on a machine without one (--devices N: N processes on the CPU). --model names it: {models}.
 Without a subcommand it fits, then tests the best checkpoint; 'fit', 'validate', 'test' and 'predict' run one
 stage, 'export' writes a trained model as ONNX or TorchScript. --devices and --num_nodes may stand anywhere, for
 --trainer.devices and --trainer.num_nodes.
@@ -83,7 +84,7 @@ def trainer_defaults() -> dict:
         "devices": "auto",
         "max_epochs": 10,
         "default_root_dir": DEFAULT_ROOT,
-        "callbacks": [ReplanOnResume(), GlobalBatchInfo()],
+        "callbacks": [ReplanOnResume(), GlobalBatchInfo(), NetworkSummary()],
     }
 
 
@@ -113,7 +114,7 @@ class TrainCLI(LightningCLI):
             parser_kwargs={
                 "allow_abbrev": False,  # `--trainer.max_epoch` is not taken for `--trainer.max_epochs`
                 "exit_on_error": False,
-                "description": DESCRIPTION.format(train=train_py()),
+                "description": DESCRIPTION.format(train=train_py(), models=", ".join(model_names())),
                 "formatter_class": HelpFormatter,
             },
             args=args,
@@ -342,6 +343,8 @@ class TrainCLI(LightningCLI):
             trainer.callbacks.append(self.run)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        if trainer_config["enable_model_summary"] is False:  # Lightning turns off its own summary only
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, NetworkSummary)]
         return trainer
 
     def _folder_to_write(self, root: Path) -> RunFolder:
@@ -477,7 +480,7 @@ class TrainCLI(LightningCLI):
         if self.subcommand == "fit":
             how = f"continuing {self.start.where}" if self.start.run else f"a new run from {self.start.where}"
             rank_zero_info(f"--ckpt_path {ckpt_path}: {how}{changes}.")
-        elif self.start.run is not None:
+        else:  # which weights are evaluated (Lightning's own "Restoring states ..." is silenced: quiet.py)
             rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}.")
 
     def processes_started_here(self) -> list[subprocess.Popen]:

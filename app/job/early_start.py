@@ -75,7 +75,8 @@ def processes_asked_for(argv: list[str]) -> tuple[int, int]:
 def _trainer_settings(argv: list[str]) -> dict | None:
     """The Trainer's settings that decide the processes (devices, num_nodes, accelerator, strategy, plugins), as the
     command line and its config files give them, later ones winning; None for a command that trains no model
-    (`--help`, `export`) or one these cannot be read from without LightningCLI."""
+    (`--help`, `export`), one these cannot be read from without LightningCLI, and one that names a file that is not
+    there (a config file, a checkpoint): the first process alone then finds the mistake and says it."""
     if argv[:1] == ["export"]:
         return None
     args, _ = parse_command(argv)
@@ -98,12 +99,20 @@ def _trainer_settings(argv: list[str]) -> dict | None:
             settings.update(((section or {}).get("trainer")) or {})
         elif name == "--trainer" or "start_method" in name:
             return None
+        elif name == "--ckpt_path" and _not_there(value):  # a mistake the first process says alone, before the
+            return None  # others would start and import everything for nothing
         elif name.startswith("--trainer."):
             key, _, sub_key = name.removeprefix("--trainer.").partition(".")
             if key in ("devices", "num_nodes", "accelerator", "strategy", "plugins") and sub_key in ("", "class_path"):
                 settings[key] = value  # strategy.timeout and the like: the strategy's own arguments
         position += 1 if has_value or not name.startswith("-") else 2
     return settings
+
+
+def _not_there(ckpt_path: str) -> bool:
+    """A `--ckpt_path` that names a file or folder that does not exist (not `last`, `best`, `hpc`, nor a URL)."""
+    named = ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in ckpt_path
+    return named and not Path(ckpt_path).exists()
 
 
 def _read_config(path: str) -> dict | None:

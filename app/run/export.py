@@ -18,7 +18,7 @@ import torch
 from app.command_line.invocation import train_py
 from app.run.checkpoints import read_checkpoint, saved_model_class
 from datamodules.mnist import MNISTDataModule
-from models import ImageClassifier
+from models import ImageClassifier, model_names
 
 FORMATS = ("onnx", "torchscript")
 EXAMPLE = torch.zeros(2, 28, 28, dtype=torch.uint8)  # a batch of raw images, to trace the model with
@@ -61,7 +61,9 @@ def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
     checkpoint = read_checkpoint(checkpoint_path)
     model_class = saved_model_class(checkpoint)
     if model_class is None:
-        raise ExportError(f"--ckpt_path {checkpoint_path}: not a checkpoint of train.py's SeqNet or ConvNet.")
+        raise ExportError(
+            f"--ckpt_path {checkpoint_path}: not a checkpoint of one of train.py's models ({', '.join(model_names())})."
+        )
     model = model_class.load_from_checkpoint(checkpoint_path, map_location="cpu", weights_only=True)
     model.hparams.channels_last = False  # a memory layout for training kernels; nothing an exported graph keeps
     dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "fashion_mnist")
