@@ -154,6 +154,7 @@ class TrainCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse, and check the values that Lightning takes unchecked (or checks late) where they enter. An unknown
         option is met with the one it most likely meant (`--lr`: `--model.optimizer.lr`)."""
+        self._refuse_abbreviations(args)
         try:
             self._parse_with_the_starts_settings(parser, args)
         except ArgumentError as error:
@@ -211,6 +212,15 @@ class TrainCLI(LightningCLI):
         refuse_another_class(self.start)
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)
+
+    def _refuse_abbreviations(self, args: list[str]) -> None:
+        """Whole option names only: `--trainer.max_epoch 3` is not `--trainer.max_epochs 3`, and `--lr` not an
+        ambiguous start of `--lr_monitor...` (`allow_abbrev=False`, which the lowest jsonargparse does not honour)."""
+        options = self._option_names()
+        for arg in args:
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and name not in options and any(option.startswith(name) for option in options):
+                raise UserError(shorten(f"unrecognized arguments: {name}", args, options))
 
     def _option_names(self) -> list[str]:
         """Every option of the subcommand asked for, as a user types it (`--model.optimizer.lr`)."""
