@@ -1,6 +1,6 @@
-"""How well `predict` reads pictures unlike the training set: typed and drawn digits, small on a page with margins,
-large, bold, slanted, and "photographed" (a grey, uneven page, noise, blur, a slight turn), by a ConvNet trained 2
-epochs on real MNIST. Each picture is turned into the network's input two ways: as `predict` does now (MNIST's
+"""How well `predict` reads pictures unlike the training set: typed, drawn and painted digits, small on a page with
+margins, large, bold, slanted, and "photographed" (a grey, uneven page, noise, blur, a slight turn), by a ConvNet
+trained 2 epochs on real MNIST. Each picture is turned into the network's input two ways: as `predict` does now (MNIST's
 recipe: the strokes' bounding box fitted into 20x20, the centre of mass at the centre of 28x28,
 `datamodules/images.py`) and as it did before (the whole picture fitted into 28x28); the accuracy of each, by kind.
 
@@ -31,6 +31,7 @@ KINDS = {  # font file, size of the digit, page size, stroke width (drawn: a thi
     "bold serif, small on a page": ("DejaVuSerif-Bold.ttf", 48, (500, 500), 0, False),
     "slanted, small on a page": ("DejaVuSans-Oblique.ttf", 44, (400, 600), 0, False),
     "drawn with a thick pen": ("DejaVuSans-ExtraLight.ttf", 120, (320, 320), 6, False),
+    "painted with a broad brush, large": ("DejaVuSans-Bold.ttf", 200, (280, 280), 12, False),
     "photographed page": ("DejaVuSans.ttf", 90, (480, 360), 2, True),
 }
 

@@ -16,6 +16,7 @@ from PIL import Image, ImageFilter, ImageOps
 
 SIDE = 28  # MNIST's images
 BOX = 20  # the square MNIST fitted each digit's bounding box into
+FAINTEST = 25  # strokes less darker than the paper than this (of 255) are no strokes: a blank page's noise
 INK = 0.5  # a pixel is ink when at least half as much darker than the paper as the darkest stroke is
 
 
@@ -29,10 +30,24 @@ def mnist_pixels(path: Path | str) -> np.ndarray:
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             with Image.open(path) as image:
-                gray = ImageOps.grayscale(ImageOps.exif_transpose(image))
+                gray = ImageOps.grayscale(_opaque(ImageOps.exif_transpose(image)))
         except Image.DecompressionBombWarning as warning:
             raise Image.DecompressionBombError(str(warning)) from None
     return as_mnist_digit(np.asarray(gray, dtype=np.float32))
+
+
+def _opaque(image: Image.Image) -> Image.Image:
+    """A picture with transparency (a canvas's export) on a background that shows its strokes: white under dark
+    strokes, black under light ones. Grayscale alone would drop the transparency, and black strokes on a transparent
+    black background would vanish."""
+    if "A" not in image.getbands() and "transparency" not in image.info:
+        return image
+    rgba = image.convert("RGBA")
+    opaque = np.asarray(rgba.convert("L"))[np.asarray(rgba.getchannel("A")) > 127]
+    shade = 255 if opaque.size == 0 or opaque.mean() < 128 else 0
+    background = Image.new("RGBA", rgba.size, (shade, shade, shade, 255))
+    background.alpha_composite(rgba)
+    return background.convert("RGB")
 
 
 def as_mnist_digit(pixels: np.ndarray) -> np.ndarray:
@@ -43,7 +58,7 @@ def as_mnist_digit(pixels: np.ndarray) -> np.ndarray:
     if pixels.shape == (SIDE, SIDE):
         return np.uint8(255 - pixels if light else pixels)
     strokes = _strokes(pixels if light else 255 - pixels)  # light strokes on black, whichever the page was
-    if strokes.max() == 0:  # a blank picture: nothing to centre
+    if strokes.max() < FAINTEST:  # a blank picture (its noise aside): nothing to centre
         return np.zeros((SIDE, SIDE), dtype=np.uint8)
     strokes = np.clip(strokes / strokes.max(), 0, 1)
     rows, columns = np.nonzero(strokes >= INK)
@@ -59,11 +74,12 @@ def _strokes(page: np.ndarray) -> np.ndarray:
     """How much darker than the paper around it each pixel of `page` (dark strokes on a light page) is.
 
     The paper is not one grey in a photo (light from one side, a shadow): its brightness is estimated around each
-    pixel as the lightest nearby pixel (a maximum filter, which takes the strokes away, on a picture of about 64
-    pixels), smoothed and brought back to full size.
+    pixel as the lightest nearby pixel (a maximum filter, which takes the strokes away, on a picture of about 24
+    pixels across, where a window of 9 spans more than a third of it: wider than a bold stroke), smoothed and brought
+    back to full size.
     """
     height, width = page.shape
-    factor = max(1, max(height, width) // 64)
+    factor = max(1, max(height, width) // 24)
     reduced = Image.fromarray(np.uint8(page)).resize((max(1, width // factor), max(1, height // factor)), Image.BOX)
     paper = reduced.filter(ImageFilter.MaxFilter(9)).filter(ImageFilter.GaussianBlur(2))
     paper = np.asarray(paper.resize((width, height), Image.BILINEAR), dtype=np.float32)

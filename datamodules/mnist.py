@@ -193,15 +193,25 @@ class MNISTDataModule(LightningDataModule):
         """The folder's images, as a dataset whose labels are unknown (-1). Files that are no image are skipped."""
         if not folder.is_dir():
             raise DataError(f"--data.predict_dir {folder}: no such folder. Give a folder that holds image files.")
-        images, skipped, too_large = [], [], []
+        images, skipped, too_large, blank = [], [], [], []
         for path in sorted(path for path in folder.iterdir() if path.is_file()):
             try:
-                images.append(torch.from_numpy(mnist_pixels(path)))
-                self.predict_files.append(path)
+                pixels = mnist_pixels(path)
             except Image.DecompressionBombError:  # a picture that could exhaust the memory to decode
                 too_large.append(path.name)
+                continue
             except (OSError, ValueError):  # PIL's "cannot identify image file", a truncated file, ...
                 skipped.append(path.name)
+                continue
+            if not pixels.any():  # nothing drawn: any class the network gave it would mean nothing
+                blank.append(path.name)
+                continue
+            images.append(torch.from_numpy(pixels))
+            self.predict_files.append(path)
+        if blank:
+            rank_zero_warn(
+                f"Skipped {len(blank)} picture(s) of {folder} with nothing drawn on them: {', '.join(blank)}"
+            )
         if skipped:
             rank_zero_warn(
                 f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}"

@@ -2,6 +2,7 @@
 
 import functools
 import http.server
+import logging
 import re
 import sys
 import threading
@@ -256,6 +257,7 @@ def test_export_help_keeps_its_examples_on_their_lines(capsys):
         (["--data.datset", "mnist"], "--data.dataset"),  # a typo: the nearest name
         (["--trainer.max_epoch", "3"], "--trainer.max_epochs"),  # not taken for it: whole names only
         (["test", "--val_size", "100"], "--data.val_size"),
+        (["--ckpt", "x.ckpt"], "--ckpt_path"),  # the one option it starts
     ],
 )
 def test_a_guessed_option_is_pointed_at_the_one_it_most_likely_meant(argv, meant):
@@ -300,3 +302,14 @@ def test_the_shutdown_drops_nanobinds_leak_report_and_keeps_every_other_message(
     result = run_command([sys.executable, "-c", AT_EXIT], timeout=60)
     assert result.returncode == 0 and result.stdout == "the last line\n"
     assert result.stderr == "terminate called without an active exception\n"
+
+
+def test_the_banner_of_a_process_group_is_silenced_for_one_process_only():
+    from app.command_line.quiet import _DropLines
+
+    one = _DropLines("MEMBER: 1/1", at_end=True)
+    assert [one.filter(logging.makeLogRecord({"msg": f"GLOBAL_RANK: 0, MEMBER: 1/{n}"})) for n in (1, 10, 16)] == [
+        False,
+        True,
+        True,
+    ]

@@ -3,10 +3,11 @@
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import Trainer
-from PIL import Image
+from PIL import Image, ImageDraw
 from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules import DataError, MNISTDataModule
@@ -168,10 +169,27 @@ def test_a_picture_too_large_to_decode_safely_is_skipped_with_a_line_that_names_
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 89 million by default: the test's pictures stay small
     Image.new("L", (10, 12), 255).save(tmp_path / "large.png")  # 120 pixels: Pillow would warn
     Image.new("L", (30, 30), 255).save(tmp_path / "larger.png")  # 900: Pillow refuses
-    Image.new("L", (8, 8), 255).save(tmp_path / "small.png")
+    small = Image.new("L", (8, 8), 255)
+    ImageDraw.Draw(small).line((4, 1, 4, 6), fill=0)  # a stroke: a picture with something on it
+    small.save(tmp_path / "small.png")
     datamodule = MNISTDataModule(predict_dir=str(tmp_path))
     with pytest.warns(
         UserWarning, match=r"Skipped 2 picture\(s\) of .* decompression bombs\): large\.png, larger\.png"
     ):
         datamodule.setup("predict")
     assert [path.name for path in datamodule.predict_files] == ["small.png"]
+
+
+def test_a_blank_picture_is_skipped_and_one_with_a_transparent_background_is_read(tmp_path):
+    """A page with nothing drawn on it (its JPEG-like noise aside) would get a class that means nothing; black strokes
+    on a transparent background (a canvas's export) would vanish in grayscale without their transparency."""
+    noise = np.random.default_rng(0).normal(250, 3, (100, 100))
+    Image.fromarray(np.uint8(np.clip(noise, 0, 255))).save(tmp_path / "blank.png")
+    canvas = Image.new("RGBA", (200, 200), (0, 0, 0, 0))
+    ImageDraw.Draw(canvas).line((100, 30, 100, 170), fill=(0, 0, 0, 255), width=12)
+    canvas.save(tmp_path / "canvas.png")
+    datamodule = MNISTDataModule(predict_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"Skipped 1 picture\(s\) of .* with nothing drawn on them: blank\.png"):
+        datamodule.setup("predict")
+    assert [path.name for path in datamodule.predict_files] == ["canvas.png"]
+    assert datamodule.predict_set.tensors[0][0].max() == 255  # the stroke, light on black

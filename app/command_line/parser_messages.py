@@ -68,7 +68,7 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
     """The one line to print for a jsonargparse error `message` about the command line `argv`; `options`: every
     option name the command takes (`--trainer.max_epochs`), to point an unknown one at what it most likely meant."""
     keys = re.findall(r'Parser key "([^"]+)"', message)
-    if tag := re.search(r"could not determine a constructor for the tag '(?:tag:yaml\.org,2002:)?([^']+)'", message):
+    if tag := re.search(r"could not determine a constructor for the tag '([^']+)'", message):
         return _cut(_refused_tag(tag.group(1), message, argv))
     if not keys:
         line = " ".join(message.split())
@@ -121,9 +121,10 @@ def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
     where = re.search(r"line (\d+), column (\d+)", message)
     place = f", line {where.group(1)}" if where else ""
     source = f"--config {refused}{place}" if refused else f"a config given on the command line{place}"
+    shown = f"!!{tag.removeprefix('tag:yaml.org,2002:')}" if tag.startswith("tag:yaml.org,2002:") else tag
     return (
-        f"{source}: the tag !!{tag} is refused: a config holds plain values (numbers, strings, lists, mappings),"
-        " never code to run. Remove the tag; a class is given as class_path and init_args."
+        f"{source}: the tag {shown} is refused: a config holds plain values (numbers, strings, lists, mappings),"
+        " nothing that builds Python objects. Remove the tag; a class is given as class_path and init_args."
     )
 
 
@@ -142,10 +143,13 @@ def guess_option(unknown: str, options: list[str]) -> str | None:
     option whose last part it is (`--lr`: `--model.optimizer.lr`), or the nearest spelling (`--data.datset`)."""
     if unknown in COMMON_NAMES:
         return COMMON_NAMES[unknown]
-    name = unknown.removeprefix("--")
-    ending = [option for option in options if option.rsplit(".", 1)[-1] == name and option != unknown]
-    if len(ending) == 1:
-        return ending[0]
+    options = [option for option in options if not unknown.startswith(f"{option}.")]  # not its own parent
+    name = unknown.removeprefix("--").rsplit(".", 1)[-1]  # `--model.lr`: lr
+    ending = [option for option in options if option.rsplit(".", 1)[-1].lstrip("-") == name and option != unknown]
+    starting = [option for option in options if option.startswith(unknown)]
+    for candidates in (ending, starting):
+        if len(candidates) == 1:
+            return candidates[0]
     nearest = difflib.get_close_matches(unknown, options, n=1, cutoff=0.8)
     return nearest[0] if nearest else None
 

@@ -9,14 +9,17 @@ import warnings
 
 
 class _DropLines(logging.Filter):
-    """Drop the log records whose message holds one of `parts`."""
+    """Drop the log records whose message holds one of `parts` (or, with `at_end`, ends with one)."""
 
-    def __init__(self, *parts: str) -> None:
+    def __init__(self, *parts: str, at_end: bool = False) -> None:
         super().__init__()
         self.parts = parts
+        self.at_end = at_end
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
+        if self.at_end:
+            return not message.endswith(self.parts)
         return not any(part in message for part in self.parts)
 
 
@@ -45,7 +48,7 @@ def silence_noise(subcommand: str | None) -> None:
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DropLines(*LIGHTNING_NOISE))
     # "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/1": a job of one process has nothing to initialise.
-    logging.getLogger("lightning.fabric.utilities.distributed").addFilter(_DropLines("MEMBER: 1/1"))
+    logging.getLogger("lightning.fabric.utilities.distributed").addFilter(_DropLines("MEMBER: 1/1", at_end=True))
 
 
 # What nanobind prints after the interpreter has shut down about objects never freed, and nothing else.

@@ -154,7 +154,6 @@ class TrainCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
         """Parse, and check the values that Lightning takes unchecked (or checks late) where they enter. An unknown
         option is met with the one it most likely meant (`--lr`: `--model.optimizer.lr`)."""
-        self._refuse_abbreviations(args)
         try:
             self._parse_with_the_starts_settings(parser, args)
         except ArgumentError as error:
@@ -213,17 +212,10 @@ class TrainCLI(LightningCLI):
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)
 
-    def _refuse_abbreviations(self, args: list[str]) -> None:
-        """Whole option names only: `--trainer.max_epoch 3` is not `--trainer.max_epochs 3`, and `--lr` not an
-        ambiguous start of `--lr_monitor...` (`allow_abbrev=False`, which the lowest jsonargparse does not honour)."""
-        options = self._option_names()
-        for arg in args:
-            name = arg.split("=", 1)[0]
-            if name.startswith("--") and name not in options and any(option.startswith(name) for option in options):
-                raise UserError(shorten(f"unrecognized arguments: {name}", args, options))
-
     def _option_names(self) -> list[str]:
-        """Every option of the subcommand asked for, as a user types it (`--model.optimizer.lr`)."""
+        """The options of the subcommand asked for, as a user types them (`--model.optimizer.lr`), with the arguments
+        of the default model and optimizer (another class's are not known before it is parsed): what a guess is
+        chosen among."""
         parser = self._subcommand_parsers.get(self.chosen_subcommand or "fit")
         if parser is None:
             return []
