@@ -17,7 +17,6 @@
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.fault_guard_cost import run  # noqa: E402
+from benchmarks.fault_guard_cost import interleaved_rounds, print_table  # noqa: E402
 
 
 def main() -> None:
@@ -51,26 +50,17 @@ def main() -> None:
 def print_checkpoint_cost(args: argparse.Namespace, common: list[str], scratch: Path) -> None:
     command = ["fit", *common, "--devices", str(args.devices), "--trainer.max_epochs", str(args.epochs)]
     variants = {
-        "last.ckpt at each epoch's end (the default)": [],
-        "and every minute, at the fault guard's checks (a restartable job's default)": [
-            *("--fault_guard.checkpoint_every_s", "60")
-        ],
-        "and every minute, by Lightning's ModelCheckpoint": ["--timed_checkpoint.train_time_interval", "0:01:00"],
+        "last.ckpt at each epoch's end (the default)": (REPO, []),
+        "and every minute, at the fault guard's checks (a restartable job's default)": (
+            REPO,
+            ["--fault_guard.checkpoint_every_s", "60"],
+        ),
+        "and every minute, by Lightning's ModelCheckpoint": (
+            REPO,
+            ["--timed_checkpoint.train_time_interval", "0:01:00"],
+        ),
     }
-    results = {name: [] for name in variants}
-    for round_ in range(args.rounds):
-        for index, (name, extra) in enumerate(variants.items()):
-            root = scratch / f"cost-{round_}-{index}"
-            results[name].append(run(REPO, [*command, *extra, "--trainer.default_root_dir", str(root)]))
-            print(f"round {round_ + 1}: {name}: {results[name][-1][0]:.1f} s", file=sys.stderr)
-    reference = statistics.median(wall for wall, _ in results[next(iter(results))])
-    print(f"\n{args.devices} processes, SeqNet, {args.epochs} epochs, real MNIST, medians of {args.rounds} rounds\n")
-    print("| variant | whole command | ratio | training step (median perf/step_ms) |")
-    print("| --- | --- | --- | --- |")
-    for name, runs in results.items():
-        wall = statistics.median(wall for wall, _ in runs)
-        step = statistics.median(step for _, step in runs)
-        print(f"| {name} | {wall:.2f} s | {wall / reference:.3f} | {step:.2f} ms |")
+    print_table(args, interleaved_rounds(variants, command, args.rounds, scratch), "ratio")
 
 
 def print_time_to_train_again(args: argparse.Namespace, common: list[str], scratch: Path) -> None:

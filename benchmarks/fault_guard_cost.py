@@ -46,17 +46,31 @@ def main() -> None:
                 "this tree": (REPO, []),
                 "this tree, --fault_guard.stall_timeout 0": (REPO, ["--fault_guard.stall_timeout", "0"]),
             }
-            results = {name: [] for name in variants}
-            for round_ in range(args.rounds):
-                for index, (name, (checkout, extra)) in enumerate(variants.items()):
-                    root = Path(scratch) / f"runs-{round_}-{index}"
-                    results[name].append(run(checkout, [*command, *extra, "--trainer.default_root_dir", str(root)]))
-                    print(f"round {round_ + 1}: {name}: {results[name][-1][0]:.1f} s", file=sys.stderr)
+            results = interleaved_rounds(variants, command, args.rounds, Path(scratch))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO)
+    print_table(args, results, "vs before")
+
+
+def interleaved_rounds(
+    variants: dict[str, tuple[Path, list[str]]], command: list[str], rounds: int, scratch: Path
+) -> dict[str, list[tuple[float, float]]]:
+    """Each variant (a checkout, more options) of `command`, once per round, in turn: A B C A B C ..., so that a slow
+    moment of the machine slows all; for each, the wall time and the median step of each of its runs."""
+    results = {name: [] for name in variants}
+    for round_ in range(rounds):
+        for index, (name, (checkout, extra)) in enumerate(variants.items()):
+            root = scratch / f"runs-{round_}-{index}"
+            results[name].append(run(checkout, [*command, *extra, "--trainer.default_root_dir", str(root)]))
+            print(f"round {round_ + 1}: {name}: {results[name][-1][0]:.1f} s", file=sys.stderr)
+    return results
+
+
+def print_table(args: argparse.Namespace, results: dict[str, list[tuple[float, float]]], ratio: str) -> None:
+    """The medians of each variant, its whole command against the first variant's under `ratio`."""
     reference = statistics.median(wall for wall, _ in results[next(iter(results))])
     print(f"\n{args.devices} processes, SeqNet, {args.epochs} epochs, real MNIST, medians of {args.rounds} rounds\n")
-    print("| variant | whole command | vs before | training step (median perf/step_ms) |")
+    print(f"| variant | whole command | {ratio} | training step (median perf/step_ms) |")
     print("| --- | --- | --- | --- |")
     for name, runs in results.items():
         wall = statistics.median(wall for wall, _ in runs)

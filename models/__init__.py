@@ -40,7 +40,7 @@ def model_names() -> list[str]:
         cls = todo.pop(0)
         found.append(cls.__name__)
         todo += cls.__subclasses__()
-    return sorted(set(found), key=found.index)
+    return list(dict.fromkeys(found))  # once each, in the order found
 
 
 __all__ = ["ConvNet", "ImageClassifier", "SeqNet", "model_names"]

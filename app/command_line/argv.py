@@ -4,6 +4,12 @@ command line before it imports torch (`app/job/early_start.py`)."""
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI.subcommands(), without importing Lightning
 SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
+LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
+
+
+def resolved_by_lightning(ckpt_path: str) -> bool:
+    """A `--ckpt_path` that names no file of its own: `best`, `hpc`, a model registry's name, a URL."""
+    return ckpt_path in LIGHTNING_NAMES or ckpt_path.startswith("registry") or "://" in ckpt_path
 
 
 def parse_command(argv: list[str]) -> tuple[list[str], bool]:

@@ -463,17 +463,17 @@ class TrainCLI(LightningCLI):
             return
         nodes_before = saved.get("num_nodes", shape.num_nodes)
         step = self.start.contents.get("global_step", 0)
+        restarted = f"({shape.launcher} restarted the job; {world_size_before} -> {self.trainer.world_size} processes)"
         if shape.num_nodes < nodes_before:
-            since_the_loss = self.since_the_loss
-            after = f", {since_the_loss:.1f} s after the loss" if since_the_loss is not None else ""
+            after = f", {self.since_the_loss:.1f} s after the loss" if self.since_the_loss is not None else ""
             rank_zero_info(
                 f"Node lost: continuing on {shape.num_nodes} node(s) of {nodes_before} from step {step}{after}"
-                f" ({shape.launcher} restarted the job; {world_size_before} -> {self.trainer.world_size} processes)."
+                f" {restarted}."
             )
         elif shape.num_nodes > nodes_before:
             rank_zero_info(
                 f"Node(s) joined: continuing on {shape.num_nodes} nodes ({nodes_before} before) from step {step}"
-                f" ({shape.launcher} restarted the job; {world_size_before} -> {self.trainer.world_size} processes)."
+                f" {restarted}."
             )
 
     def _say_where_it_starts(self) -> None:

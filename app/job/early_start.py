@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from app.command_line.argv import parse_command, subcommand_of
+from app.command_line.argv import parse_command, resolved_by_lightning, subcommand_of
 
 # Set by another launcher or a cluster manager, whose processes Lightning takes as they are.
 LAUNCHER_VARIABLES = (
@@ -110,9 +110,8 @@ def _trainer_settings(argv: list[str]) -> dict | None:
 
 
 def _not_there(ckpt_path: str) -> bool:
-    """A `--ckpt_path` that names a file or folder that does not exist (not `last`, `best`, `hpc`, nor a URL)."""
-    named = ckpt_path not in ("last", "best", "hpc", "registry") and "://" not in ckpt_path
-    return named and not Path(ckpt_path).exists()
+    """A `--ckpt_path` that names a file or folder that does not exist (not `last`, nor a name Lightning resolves)."""
+    return ckpt_path != "last" and not resolved_by_lightning(ckpt_path) and not Path(ckpt_path).exists()
 
 
 def _read_config(path: str) -> dict | None:

@@ -198,12 +198,12 @@ class FaultGuard(Callback):
                 f" {trainer.current_epoch}): lower the learning rate (--model.optimizer.lr, now"
                 f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path)}"
             )
-        if not stop_signal:
-            if save_due and path is not None:  # at an epoch's end, the last_checkpoint callback saves
-                trainer.save_checkpoint(path, weights_only=False)
-            return
-        if path is not None:  # on every rank: Lightning's save has a barrier; global rank 0 alone writes
+        # On every rank: Lightning's save has a barrier; global rank 0 alone writes. (A save is never due at an
+        # epoch's end, where the last_checkpoint callback saves.)
+        if (stop_signal or save_due) and path is not None:
             trainer.save_checkpoint(path, weights_only=False)
+        if not stop_signal:
+            return
         when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
         rank_zero_info(
             f"Stopped by {SIGNAL_NAMES[stop_signal]} in epoch {trainer.current_epoch}, {when};"

@@ -17,11 +17,11 @@ import yaml
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
+from app.command_line.argv import resolved_by_lightning
 from app.command_line.errors import UserError
 from app.run.checkpoints import read_checkpoint
 from app.run.folder import is_run, last_checkpoint_of, newest_record, newest_run_with_a_checkpoint, versions
 
-LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
 NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train
 # Where a run is and on how many processes it runs: the command's (or its launcher's) now, not the run's. A run
 # continues on whatever processes it is given, with its global batch kept (`MNISTDataModule.batch_size_to_continue`).
@@ -74,7 +74,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
     """The run or checkpoint `--ckpt_path` names, read and checked; None where Lightning resolves the name itself
     (`best`, `hpc`, URLs, registries), for no checkpoint, and for `fit --ckpt_path last` with nothing to continue
     (a job restarted by its launcher can carry `--ckpt_path last` from its first start)."""
-    if not ckpt_path or ckpt_path in LIGHTNING_NAMES or ckpt_path.startswith("registry") or "://" in ckpt_path:
+    if not ckpt_path or resolved_by_lightning(ckpt_path):
         return None
     if ckpt_path == "last":
         run = _run_to_continue(runs_of_model, root)
