@@ -4,7 +4,7 @@
    with `--fault_guard.checkpoint_every_s 60` (the default there: decided in the fault guard's all-reduce every 50
    steps) and with Lightning's `--timed_checkpoint.train_time_interval 0:01:00` (a broadcast before every step), in
    interleaved rounds (A B C A B C ...), so that a slow moment of the machine slows all: the whole command, and the
-   median training step (`perf/step_ms`).
+   median training step (`workload/step_ms`).
 2. From the loss to training again: an elastic torchrun job of two nodes on this machine
    (`LAUNCHER=torchrun NNODES=1:2 scripts/local_cluster.sh 2 1`) whose node 1 is killed (SIGKILL, its torchrun
    agent and its process) at a step of epoch 1; the job goes on on node 0. Reported: the program's own figure

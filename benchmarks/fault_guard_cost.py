@@ -2,7 +2,7 @@
 and without the heartbeats, in interleaved rounds (A B C A B C ...), so that a slow moment of the machine slows all.
 
 For each variant: the whole command (Enter to prompt) and the steady-state training step (the median of the
-dashboard's `perf/step_ms`, logged every `--trainer.log_every_n_steps` steps). The other revision is checked out
+dashboard's `workload/step_ms`, logged every `--trainer.log_every_n_steps` steps). The other revision is checked out
 into a temporary git worktree and run with this tree's interpreter.
 
     python benchmarks/fault_guard_cost.py --before c8b1403 --data-dir ../shared/datasets --rounds 3
@@ -70,7 +70,7 @@ def print_table(args: argparse.Namespace, results: dict[str, list[tuple[float, f
     """The medians of each variant, its whole command against the first variant's under `ratio`."""
     reference = statistics.median(wall for wall, _ in results[next(iter(results))])
     print(f"\n{args.devices} processes, SeqNet, {args.epochs} epochs, real MNIST, medians of {args.rounds} rounds\n")
-    print(f"| variant | whole command | {ratio} | training step (median perf/step_ms) |")
+    print(f"| variant | whole command | {ratio} | training step (median workload/step_ms) |")
     print("| --- | --- | --- | --- |")
     for name, runs in results.items():
         wall = statistics.median(wall for wall, _ in runs)
@@ -89,7 +89,9 @@ def run(checkout: Path, command: list[str]) -> tuple[float, float]:
     (run_dir,) = root.glob("SeqNet-mnist/version_*")
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    return wall, statistics.median(event.value for event in events.Scalars("perf/step_ms"))
+    # The revision compared may be older than the dashboard's `workload/` group.
+    tag = "workload/step_ms" if "workload/step_ms" in events.Tags()["scalars"] else "perf/step_ms"
+    return wall, statistics.median(event.value for event in events.Scalars(tag))
 
 
 if __name__ == "__main__":

@@ -27,14 +27,15 @@ shoot() {  # shoot NAME URL_FRAGMENT WIDTH,HEIGHT
     --window-size="$3" --virtual-time-budget=20000 --screenshot="docs/$1.png" \
     "http://127.0.0.1:$port/$2" 2>/dev/null
 }
+shoot opening '' 1400,1100  # the Time Series tab, as TensorBoard opens
 shoot scalars '#scalars&tagFilter=%5E(train%7Cval%7Ctest)%2F(loss%7Cacc)%24' 1400,1100
-shoot speed '#scalars&tagFilter=perf%7Clr%7Cacc_class' 1400,1100
+shoot speed '#scalars&tagFilter=workload' 1400,1100
 shoot images_tab '#images&tagFilter=confusion' 1400,1300
 shoot hparams '#hparams' 2400,500
 # Two figures at their own size, as TensorBoard serves them (the image endpoint of the same server).
-for tag in val/samples test/confusion_matrix; do
-  query=$(curl -sf "http://127.0.0.1:$port/data/plugin/images/images?run=ConvNet-mnist/version_0&tag=$tag" |
+for shot in samples:visuals/val_samples confusion_matrix:visuals/test_confusion_matrix; do
+  query=$(curl -sf "http://127.0.0.1:$port/data/plugin/images/images?run=ConvNet-mnist/version_0&tag=${shot#*:}" |
     "$python" -c 'import json, sys; print(json.load(sys.stdin)[-1]["query"])')
-  shoot "$(basename "$tag")" "data/plugin/images/individualImage?$query" 1120,760
+  shoot "${shot%%:*}" "data/plugin/images/individualImage?$query" 1120,760
 done
 echo "Screenshots in docs/; logs of the runs in $logs"

@@ -53,7 +53,7 @@ def train(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_two_processes_train_the_same_seqnet_as_one_process_with_twice_the_batch(train):
     one = train("SeqNet", 1, 100)
     two = train("SeqNet", 2, 50)
-    assert one["scalars"]["global_batch_size"] == two["scalars"]["global_batch_size"] == [100.0]
+    assert one["scalars"]["workload/global_batch_size"] == two["scalars"]["workload/global_batch_size"] == [100.0]
     assert max_difference(one["weights"], two["weights"]) < TOLERANCE
 
 
@@ -112,4 +112,4 @@ def test_a_run_killed_in_the_middle_of_an_epoch_resumes_from_its_checkpoint_and_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"--ckpt_path last: continuing {run_dir}, from checkpoints/last.ckpt (step 7, epoch 0)." in resumed.stderr
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 40
-    assert len(scalars(run_dir)["perf/step_ms"]) >= 16  # the dashboard's speed, every 2 steps, after the resume too
+    assert len(scalars(run_dir)["workload/step_ms"]) >= 16  # the dashboard's speed, every 2 steps, after the resume too

@@ -59,10 +59,10 @@ def test_two_ranks_see_every_training_sample_exactly_once_per_epoch(fit_run):
 def test_tensorboard_has_the_documented_scalars(fit_run):
     root, _result = fit_run
     tags = set(scalars(run_dir(root)))
-    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "epoch"} <= tags
-    assert any(tag.startswith("lr-") for tag in tags), tags
-    assert {"global_batch_size", "world_size", "steps_per_epoch"} <= tags
-    assert scalars(run_dir(root))["global_batch_size"] == [100.0]
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc", "workload/epoch"} <= tags
+    assert any(tag.startswith("workload/lr-") for tag in tags), tags
+    assert {"workload/global_batch_size", "workload/world_size", "workload/steps_per_epoch"} <= tags
+    assert scalars(run_dir(root))["workload/global_batch_size"] == [100.0]
 
 
 def test_hparams_tab_names_real_metrics_not_the_placeholder(fit_run):
@@ -141,4 +141,4 @@ def test_the_steps_printed_are_the_steps_taken_when_accumulation_leaves_a_remain
     assert "4 optimizer steps per epoch, 8 in the run." in result.stdout + result.stderr
     last = torch.load(tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 8
-    assert scalars(tmp_path / "SeqNet-mnist" / "version_0")["steps_per_epoch"] == [4.0]
+    assert scalars(tmp_path / "SeqNet-mnist" / "version_0")["workload/steps_per_epoch"] == [4.0]

@@ -259,7 +259,7 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
     logged = scalars(run)
     assert "test/acc" in logged  # the run went through to the test
     if what_lightning_does == "logs no step":
-        assert "train/loss" not in logged and "perf/samples_per_s" not in logged and "val/acc" in logged
+        assert "train/loss" not in logged and "workload/samples_per_s" not in logged and "val/acc" in logged
     elif what_lightning_does == "trains no step":
         assert "train/loss" not in logged and not list(run.rglob("*.ckpt"))
     else:

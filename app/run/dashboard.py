@@ -24,7 +24,7 @@ class Dashboard(Callback):
         log_graph: Write the model graph (traced from the model's `example_input_array`) when fitting starts.
 
     Speed is measured on rank 0 by the wall clock over each logging interval (`--trainer.log_every_n_steps`), with
-    no device synchronisation: `perf/samples_per_s` counts the samples of all ranks, `perf/step_ms` is the mean
+    no device synchronisation: `workload/samples_per_s` counts the samples of all ranks, `workload/step_ms` is the mean
     time of one optimizer step (all the batches it accumulates). Both also show in the progress bar. (Lightning's
     `ThroughputMonitor` would call `torch.cuda.synchronize()` after every step on a GPU, and its clock runs through
     validation and checkpoints.)
@@ -63,7 +63,7 @@ class Dashboard(Callback):
             return
         seconds = time.perf_counter() - self._interval_start
         samples = self._interval_batches * len(batch[0]) * trainer.world_size
-        speed = {"perf/samples_per_s": samples / seconds, "perf/step_ms": 1000 * seconds / steps}
+        speed = {"workload/samples_per_s": samples / seconds, "workload/step_ms": 1000 * seconds / steps}
         pl_module.log_dict(speed, prog_bar=True, rank_zero_only=True)
         self._start_interval(trainer)
 
@@ -75,10 +75,10 @@ class Dashboard(Callback):
         due = self.images_every_n_epochs > 0 and (trainer.current_epoch + 1) % self.images_every_n_epochs == 0
         for writer in _tensorboard_writers(trainer):
             for label, accuracy in enumerate(per_class.tolist()):
-                writer.add_scalar(f"val/acc_class_{label}", accuracy, trainer.global_step)
+                writer.add_scalar(f"val_per_class/acc_{label}", accuracy, trainer.global_step)
             if due:
                 grid = self._sample_grid(trainer.datamodule, pl_module)
-                writer.add_image("val/samples", grid, trainer.global_step, dataformats="HWC")
+                writer.add_image("visuals/val_samples", grid, trainer.global_step, dataformats="HWC")
                 self._add_confusion(writer, trainer, pl_module, "val")
 
     def on_test_end(self, trainer: Trainer, pl_module: ImageClassifier) -> None:
@@ -88,7 +88,7 @@ class Dashboard(Callback):
 
     def _add_confusion(self, writer, trainer: Trainer, pl_module: ImageClassifier, stage: str) -> None:
         picture = confusion_picture(pl_module.confusion_matrices[stage], trainer.datamodule.class_names)
-        writer.add_image(f"{stage}/confusion_matrix", picture, trainer.global_step, dataformats="HWC")
+        writer.add_image(f"visuals/{stage}_confusion_matrix", picture, trainer.global_step, dataformats="HWC")
 
     @torch.no_grad()
     def _sample_grid(self, datamodule: MNISTDataModule, pl_module: LightningModule):

@@ -50,9 +50,9 @@ class GlobalBatchInfo(Callback):
         for logger in trainer.loggers:  # loggers write on rank 0 only
             logger.log_metrics(
                 {
-                    "global_batch_size": global_batch,
-                    "world_size": trainer.world_size,
-                    "steps_per_epoch": steps_per_epoch,
+                    "workload/global_batch_size": global_batch,
+                    "workload/world_size": trainer.world_size,
+                    "workload/steps_per_epoch": steps_per_epoch,
                 },
                 step=0,
             )

@@ -1,4 +1,4 @@
-"""The run's TensorBoard logger: in the run's own folder, with a real HPARAMS tab."""
+"""The run's TensorBoard logger: in the run's own folder, with a real HPARAMS tab, loss and accuracy first."""
 
 from argparse import Namespace
 from typing import Any
@@ -24,6 +24,11 @@ class RunLogger(TensorBoardLogger):
     of the scalars of those names, which the run logs itself. TensorBoard reads only the first hparams record of a
     run, so the first call writes it (with the whole configuration: `record.py`); later calls only add to
     `hparams.yaml`. Only rank 0 writes, as with any Lightning logger.
+
+    TensorBoard orders its cards by name and groups them by the name's first part, so the groups of the loss and
+    accuracy (`test/`, `train/`, `val/`) come first only if every other scalar is in a group named after `val`:
+    the project names its own that way (`val_per_class/`, `visuals/`, `workload/`), and this logger moves
+    Lightning's (`epoch`, and `lr-<optimizer>` of the LearningRateMonitor) under `workload/`.
     """
 
     def __init__(self, *args: Any, run: RunFolder | None = None, **kwargs: Any) -> None:
@@ -42,6 +47,11 @@ class RunLogger(TensorBoardLogger):
 
     @override
     @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        super().log_metrics({_card_name(name): value for name, value in metrics.items()}, step)
+
+    @override
+    @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: Any = None, step: int | None = None) -> None:
         super().log_hyperparams(params, metrics, step)
         if metrics is not None or self._hparams_written:
@@ -50,6 +60,11 @@ class RunLogger(TensorBoardLogger):
         for summary in hparams(table, dict.fromkeys(HPARAMS_METRICS, 0.0)):
             self.experiment.file_writer.add_summary(summary, step)
         self._hparams_written = True
+
+
+def _card_name(name: str) -> str:
+    """Lightning's own scalars under `workload/`, after the cards of the loss and accuracy."""
+    return f"workload/{name}" if name == "epoch" or name.startswith("lr-") else name
 
 
 def _flattened(params: dict[str, Any] | Namespace, prefix: str = "") -> dict[str, Any]:
