@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 LOWEST_VENV ?= .venv-lowest
 LOWEST_PYTHON ?= python3.10
 
-.PHONY: install train test test-fast test-lowest lint format clean
+.PHONY: install install-lowest train test test-fast test-lowest lint format clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -28,12 +28,18 @@ test: lint
 test-fast: install
 	$(PY) -m pytest -m "not slow"
 
-# CI's second environment: every dependency at its declared floor, then the fast tests.
-test-lowest:
+# CI's second environment: every dependency at its declared floor (made again when the floors change), then the fast
+# tests.
+$(LOWEST_VENV)/installed: pyproject.toml .ci/lowest.txt
 	rm -rf $(LOWEST_VENV)
 	$(LOWEST_PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LOWEST_VENV)/bin/python -m pip install -q -c .ci/lowest.txt -e ".[dev]"
+	touch $@
+
+install-lowest: $(LOWEST_VENV)/installed
+
+test-lowest: install-lowest
 	$(LOWEST_VENV)/bin/python -m pytest -m "not slow" -p no:cacheprovider
 
 format: install

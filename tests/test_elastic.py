@@ -23,6 +23,7 @@ from tests.helpers import (
     max_difference,
     run_local_cluster,
     run_train,
+    scalars,
     small_run,
     wait_for,
 )
@@ -73,6 +74,8 @@ def test_a_node_lost_leaves_the_other_to_finish_the_run(
 
     assert (tmp_path / "node-killed").exists()
     assert [path.name for path in (tmp_path / "SeqNet-mnist").iterdir()] == ["version_0"]  # the same run continued
+    assert output.count("--ckpt_path last: nothing to continue") == 1  # the first attempt only
+    assert len(scalars(tmp_path / LAST.parents[1])["val/acc"]) == 2  # one curve: epoch 0, then 1 after the restart
     lost = re.search(
         rf"Node lost: continuing on 1 node\(s\) of 2 from step {from_step}, ([\d.]+) s after the loss", output
     )

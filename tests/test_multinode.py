@@ -90,7 +90,7 @@ def test_predict_on_nodes_without_a_shared_folder_writes_every_row_on_node_0(che
     """Each "node" runs in a folder of its own, as on cloud machines without a shared filesystem: the rows of node 1
     reach node 0 through the process group, and node 1 writes nothing."""
     best, _ = checkpoint
-    command = [sys.executable, str(REPO / "train.py"), "predict", "--ckpt_path", str(best), "--devices", "2"]
+    command = [sys.executable, str(REPO / "train.py"), "predict", "--ckpt_path", str(best), "--devices", "1"]
     command += ["--num_nodes", "2", "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
     command += ["--predictions.path", "predictions.csv", "--trainer.default_root_dir", "runs"]
     env = {**os.environ, **NO_NETWORK, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
@@ -117,5 +117,5 @@ def test_predict_on_nodes_without_a_shared_folder_writes_every_row_on_node_0(che
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     with (tmp_path / "node0" / "predictions.csv").open() as rows:
         indices = [int(line.split(",")[0]) for line in list(rows)[1:]]
-    assert indices == list(range(TEST_SIZE))  # every test image once, in order, from all 4 processes
+    assert indices == list(range(TEST_SIZE))  # every test image once, in order, from both nodes
     assert not list((tmp_path / "node1").glob("*predictions*")) and not list((tmp_path / "node1").glob(".*"))

@@ -1,6 +1,6 @@
 """When a multi-node job goes wrong (scripts/local_cluster.sh, torchrun, two network namespaces): a failing or killed
 rank ends every node quickly, a node that never comes or an unreachable MASTER_ADDR ends in one line after the
-timeout, a port in use in one line, and torchrun restarts a job from its last checkpoint."""
+timeout, a port in use in one line. (torchrun restarting a job from its last checkpoint: tests/test_elastic.py.)"""
 
 import os
 import signal
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, free_port, run_command, run_local_cluster, scalars, wait_for_no_process
+from tests.helpers import REPO, free_port, run_command, run_local_cluster, wait_for_no_process
 from tests.test_multinode import TIMEOUT_5S, common, train_command
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
@@ -101,23 +101,6 @@ def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, t
     assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)  # intact: it loads, with its weights
     assert checkpoint["epoch"] >= 0 and checkpoint["state_dict"]
-
-
-def test_torchrun_restarts_a_job_whose_rank_died_from_its_last_checkpoint(data_dir, tmp_path):
-    kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "1")
-    args = (*common(data_dir, tmp_path), "--trainer.max_epochs", "3", "--ckpt_path", "last", *kill)
-    result = run_local_cluster(2, 1, *args, launcher="torchrun", max_restarts=1)  # rank 1 on node 1
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
-
-    (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()  # the restarted job continued the same run
-    last = run_dir / "checkpoints" / "last.ckpt"
-    runs_of_model = tmp_path / "SeqNet-mnist"
-    assert output.count(f"--ckpt_path last: nothing to continue in {runs_of_model}, starting a new run.") == 1
-    assert output.count(f"--ckpt_path last: continuing {run_dir}, from checkpoints/last.ckpt (step ") == 1
-    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 2
-    assert len(scalars(run_dir)["val/acc"]) == 3  # epoch 0 from the first attempt, 1 and 2 after the restart
-    assert output.count("Finished: test/acc") == 1
 
 
 def test_an_unreachable_master_addr_ends_in_one_line_after_the_timeout(data_dir, tmp_path, two_hosts):
