@@ -82,12 +82,13 @@ def small_run(data_dir: Path, root: Path | None, *args: str, **settings) -> list
     return [*argv, *args]
 
 
-def run_train(*args: str, timeout: float = 240) -> Run:
-    """Run `python train.py ARGS` from the repository root and wait for it, at most `timeout` seconds.
+def run_train(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> Run:
+    """Run `python train.py ARGS` from the repository root, with this environment and `env`, and wait for it, at most
+    `timeout` seconds.
 
     The process is forked with torch and Lightning already imported (tests/preloaded.py): the same program, seconds
     sooner. Like `run_command`, it runs in a session of its own, every process of which is killed at the end."""
-    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
     with tempfile.TemporaryDirectory() as streams:
         stdout, stderr = Path(streams, "stdout"), Path(streams, "stderr")
         process = preloaded.start(REPO, list(args), env, stdout, stderr)

@@ -11,7 +11,6 @@ import re
 import signal
 import struct
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 from app.command_line.errors import PEER_LOST_MESSAGE, blame_option
 from app.command_line.speaking import short_traceback
 from app.main import main
-from tests.helpers import REPO, run_command, run_train, scalars, small_run
+from tests.helpers import REPO, run_train, scalars, small_run
 from tests.synthetic import write_idx
 
 # Two processes, unless a test says otherwise.
@@ -204,7 +203,7 @@ def test_a_bug_that_happens_to_show_a_value_the_user_set_is_not_blamed_on_the_op
 
 def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_path):
     args = one_run(data_dir, tmp_path, "--model.optimizer.lr", "-1", devices=1)
-    result = run_command([sys.executable, "train.py", *args], 120, env={"TRAIN_TRACEBACK": "1"})
+    result = run_train(*args, timeout=120, env={"TRAIN_TRACEBACK": "1"})
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr and "ValueError: Invalid learning rate" in result.stderr
     plain = run_train(*args, timeout=120)

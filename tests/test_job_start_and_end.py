@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from app.job.rendezvous import ARRIVED_KEY
-from tests.helpers import LAUNCH_PATHS, REPO, free_port, run_command, run_train, wait_for_no_process
+from tests.helpers import LAUNCH_PATHS, REPO, free_port, run_train, wait_for_no_process
 from tests.test_faults import argv
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
@@ -43,7 +43,7 @@ def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_d
         assert "for the 2 processes of the job (2 node(s) x 1): 1 have arrived" in seen[-1]
         assert f"at 127.0.0.1:{env['MASTER_PORT']}" in seen[-1] and "a node not started yet" in seen[-1]
 
-        late = run_command([sys.executable, "train.py", *args], timeout=120, env={**env, "NODE_RANK": "1"})
+        late = run_train(*args, timeout=120, env={**env, "NODE_RANK": "1"})
         first_output = "".join(seen) + nodes[0].communicate(timeout=60)[0]
     finally:
         for node in nodes:

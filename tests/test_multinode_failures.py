@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, free_port, run_command, run_local_cluster, wait_for_no_process
+from tests.helpers import REPO, free_port, run_command, run_local_cluster, run_train, wait_for_no_process
 from tests.test_multinode import TIMEOUT_5S, common, train_command
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
@@ -72,9 +72,9 @@ def test_a_port_in_use_ends_in_one_line_and_leaves_no_rank_behind(data_dir, tmp_
 
 def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tmp_path):
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0"}
-    node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_5S)
+    node = train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2", *TIMEOUT_5S)[2:]  # its arguments
     started = time.monotonic()
-    result = run_command(node, 60, env)
+    result = run_train(*node, timeout=60, env=env)
     assert result.returncode == 1
     assert time.monotonic() - started >= 5  # the whole --trainer.strategy.timeout, not less
     last_line = result.stderr.strip().splitlines()[-1]

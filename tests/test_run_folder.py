@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from app.command_line.errors import UserError
 from app.main import main
 from app.run.continuation import changes_between
 from app.run.folder import RunFolder
-from tests.helpers import REPO, run_train, small_run
+from tests import preloaded
+from tests.helpers import NO_NETWORK, REPO, Run, run_train, small_run
 
 TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width
 
@@ -90,13 +92,13 @@ def test_a_run_held_by_another_process_is_refused_until_that_process_ends(tmp_pa
 
 
 def test_three_runs_started_at_once_in_one_folder_get_three_folders_each_with_its_own_settings(data_dir, tmp_path):
-    commands = [
-        [sys.executable, "train.py", "fit", *one_process(data_dir, tmp_path), "--model.optimizer.lr", lr]
-        for lr in ("0.001", "0.002", "0.003")
-    ]
-    runs = [subprocess.Popen(c, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands]
+    def fit(lr: str) -> Run:
+        return run_train("fit", *one_process(data_dir, tmp_path), "--model.optimizer.lr", lr)
+
+    with ThreadPoolExecutor(3) as at_once:
+        runs = list(at_once.map(fit, ("0.001", "0.002", "0.003")))
     for run in runs:
-        assert run.wait(timeout=240) == 0, run.stderr.read()[-3000:]
+        assert run.returncode == 0, run.stderr[-3000:]
     folders = sorted((tmp_path / "SeqNet-mnist").iterdir())
     assert [folder.name for folder in folders] == ["version_0", "version_1", "version_2"]
     learning_rates = set()
@@ -268,14 +270,12 @@ def test_a_continuation_that_fails_before_its_first_step_leaves_the_run_as_it_wa
 
 
 def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_path):
-    first = subprocess.Popen(
-        [sys.executable, "train.py", "fit", *one_process(data_dir, tmp_path, max_epochs=1000)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    argv = ["fit", *one_process(data_dir, tmp_path, max_epochs=1000)]
+    first = preloaded.start(REPO, argv, {**os.environ, **NO_NETWORK}, tmp_path / "first.out", tmp_path / "first.err")
     try:
         last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
         deadline = time.monotonic() + 120
-        while not last.exists() and first.poll() is None and time.monotonic() < deadline:
+        while not last.exists() and first.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert last.exists(), "the first run saved no checkpoint"
         kept = [last, *last.parents[1].glob("config*.yaml"), *last.parents[1].glob("events.out.tfevents.*")]
@@ -283,7 +283,7 @@ def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_
         assert all(path.exists() for path in kept), "the refused process removed files of the run"
     finally:
         os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        first.join()
     assert one_error_line(second) == (
         f"error: {last.parents[1]} is being trained by another process right now (it holds the run's lock). Wait"
         " for it to end, or start a new run."
