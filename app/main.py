@@ -5,7 +5,6 @@ import os
 import signal
 import sys
 
-import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.argv import parse_command, subcommand_of
@@ -16,10 +15,11 @@ from app.command_line.train_cli import TrainCLI
 from app.job.early_start import NodeProcesses
 from app.job.network import choose_socket_interface
 from app.job.node_loss import note_the_loss
+from app.job.process_group import close_process_group
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
 
-__all__ = ["close_process_group", "main", "parse_command"]
+__all__ = ["main", "parse_command"]
 
 
 def main(argv: list[str] | None = None, node: NodeProcesses | None = None) -> None:
@@ -66,16 +66,3 @@ def export_model(argv: list[str], node: NodeProcesses) -> None:
             exit_with_error(describe(error), node)
         exit_with_bug(error, node)
     print(f"Exported: {output}")
-
-
-def close_process_group(node: NodeProcesses | None = None) -> None:
-    """Destroy the process group while Python is still fully alive.
-
-    Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
-    collectives, whose tensors get freed during interpreter shutdown: the process aborts (SIGABRT, "terminate called
-    without an active exception") after a run that finished well, and its exit status says it failed.
-    """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        if node is not None:  # a process this one started that ends now is not one that failed before the meeting
-            node.met.set()
-        torch.distributed.destroy_process_group()

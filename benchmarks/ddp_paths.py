@@ -208,7 +208,7 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     from lightning.pytorch import Callback
     from lightning.pytorch.strategies import DDPStrategy
 
-    from app.main import close_process_group
+    from app.job.process_group import close_process_group
     from benchmarks.bare_trainer import bare_trainer
     from datamodules import MNISTDataModule
 
@@ -235,7 +235,7 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     )
     trainer.fit(_model(args.model, options.get("adam"), **options.get("model", {})), datamodule=datamodule)
     seconds = timing.timer.seconds()
-    close_process_group()  # as train.py does: see app/main.py
+    close_process_group()  # as train.py does: see app/job/process_group.py
     return seconds, _device_name(trainer.strategy.root_device)
 
 

@@ -113,7 +113,7 @@ def print_table(args: argparse.Namespace, rounds: list[dict]) -> None:
 def run_worker(args: argparse.Namespace) -> None:
     from lightning.pytorch.strategies import DDPStrategy
 
-    from app.main import close_process_group
+    from app.job.process_group import close_process_group
     from benchmarks.bare_trainer import bare_trainer
 
     alternate = Alternate(args)
@@ -132,7 +132,7 @@ def run_worker(args: argparse.Namespace) -> None:
         result["phases"] = {kind: alternate.clock.ms_per_step(kind, seconds, args.chunk) for kind, seconds in chunks}
         result["device"] = _device_name(trainer.strategy.root_device)
         Path(args.out, "rank0.json").write_text(json.dumps(result))
-    close_process_group()  # as train.py does: see app/main.py
+    close_process_group()  # as train.py does: see app/job/process_group.py
 
 
 class Alternate(Callback):

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from lightning.pytorch import Callback, seed_everything  # noqa: E402
 
-from app.main import close_process_group  # noqa: E402
+from app.job.process_group import close_process_group  # noqa: E402
 from benchmarks.bare_trainer import bare_trainer  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from models import ConvNet, SeqNet  # noqa: E402

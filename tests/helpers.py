@@ -236,6 +236,24 @@ class FailOnRank(Callback):
             raise RuntimeError(f"planned failure on rank {trainer.global_rank}")
 
 
+class FailOnceRank0Spoke(Callback):
+    """Test instrument, under Lightning's launcher: global rank 0 raises when training starts, as a bug would, and
+    its process ends only after the other processes it started (as on a busy machine, where the end of a process
+    takes a while); global rank 1 raises the same once rank 0 has printed its error (the `spoken` key of
+    app/command_line/speaking.py in the job's store), as a process that meets the bug a moment later does."""
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == 0:
+            others = trainer.strategy.launcher.procs
+            atexit.register(lambda: [process.wait(WAIT_S) for process in others])
+        if trainer.global_rank == 1:
+            from app.job.store import store_client
+
+            spoken = torch.distributed.PrefixStore("report/0/", store_client(timeout_s=WAIT_S))
+            spoken.wait(["spoken"])
+        raise RuntimeError(f"planned failure on rank {trainer.global_rank}")
+
+
 class FailToBuildOnLocalRank(Callback):
     """Test instrument: the process of local rank `local_rank` alone fails while the command line is turned into
     objects, before the processes meet: with a one-line mistake, or killed by SIGKILL without a word (`kill`)."""

@@ -20,7 +20,7 @@ import torch
 from app.command_line.errors import PEER_LOST_MESSAGE, blame_option
 from app.command_line.speaking import short_traceback
 from app.main import main
-from tests.helpers import REPO, run_train, scalars, small_run
+from tests.helpers import LAUNCH_PATHS, REPO, run_train, scalars, small_run
 from tests.synthetic import write_idx
 
 # Two processes, unless a test says otherwise.
@@ -215,7 +215,19 @@ def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank,
     """A bug on every rank (null) or on rank 1 alone: its traceback once, from the process that failed first, with
     the frames of Lightning summed up and the frame that raised it shown; no line from the rank that lost its peer."""
     failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", f"--trainer.callbacks.rank={rank}")
-    result = run_train(*one_run(data_dir, tmp_path, *failing, *launch))
+    assert_one_short_traceback(run_train(*one_run(data_dir, tmp_path, *failing, *launch)))
+
+
+def test_a_rank_that_fails_once_rank_0_has_spoken_says_nothing(data_dir, tmp_path):
+    """Global rank 0 holds the job's store (here under Lightning's launcher): it ends only once the others have
+    reported, so that one failing a moment after it has spoken still learns that it has, and says nothing."""
+    failing = ("--trainer.callbacks+=tests.helpers.FailOnceRank0Spoke", *LAUNCH_PATHS["Lightning's launcher"])
+    result = run_train(*one_run(data_dir, tmp_path, *failing))
+    assert_one_short_traceback(result)
+    assert "planned failure on rank 0" in result.stderr and "planned failure on rank 1" not in result.stderr
+
+
+def assert_one_short_traceback(result) -> None:
     assert result.returncode == 1, result.stderr[-3000:]
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(error_lines) == 1 and "an unexpected RuntimeError" in error_lines[0], result.stderr[-3000:]
@@ -223,7 +235,7 @@ def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank,
     traceback_text = result.stderr.split(error_lines[0], 1)[1]
     assert traceback_text.count("Traceback (most recent call last)") == 1
     assert "frames in lightning" in traceback_text and 'tests/helpers.py", line' in traceback_text
-    assert len(traceback_text.strip().splitlines()) < 20
+    assert len(traceback_text.strip().splitlines()) < 20, traceback_text
     assert traceback_text.strip().splitlines()[-1].startswith("RuntimeError: planned failure on rank ")
     assert PEER_LOST_MESSAGE not in result.stderr and "[rank0]" not in result.stderr and "[rank1]" not in result.stderr
 

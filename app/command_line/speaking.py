@@ -3,13 +3,15 @@ short enough to read.
 
 Under DDP every rank usually meets the same error at the same moment. The first process of the job to fail speaks
 for it; the others wait until it has spoken (an event in the job's TCP store, not a pause) and end quietly, so the
-user reads one message, and a rank that failed alone is heard. `TRAIN_TRACEBACK=1` turns all of this off: every
-error of every process keeps its whole traceback.
+user reads one message, and a rank that failed alone is heard. The process that holds the store (global rank 0, but
+under torchrun) leaves last. `TRAIN_TRACEBACK=1` turns all of this off: every error of every process keeps its whole
+traceback.
 """
 
 import os
 import sys
 import sysconfig
+import time
 import traceback
 from contextlib import suppress
 from datetime import timedelta
@@ -20,11 +22,13 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
 from app.job.early_start import NodeProcesses
+from app.job.process_group import close_process_group
 from app.job.store import store_client, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 SPOKEN_WAIT_S = 10  # how long the others wait for the first to have printed, should it be killed while it does
+REPORTED_WAIT_S = 5  # how long the store's holder waits for the others to have reported (a killed one never does)
 # Where installed libraries and Python's own modules live: their frames are summed up in a short traceback.
 SITE_FOLDERS = {Path(sysconfig.get_paths()[name]) for name in ("purelib", "platlib")}
 PYTHON_FOLDERS = {Path(sysconfig.get_paths()[name]) for name in ("stdlib", "platstdlib")}
@@ -61,6 +65,7 @@ def exit_reporting(text: str, node: NodeProcesses) -> NoReturn:
         node.take_the_word()
         sys.exit(text)
     speak_once(store, text)
+    leave_the_store(store, node)
     sys.exit(1)
 
 
@@ -80,6 +85,33 @@ def speak_once(store: dist.Store, text: str, wait_s: float = SPOKEN_WAIT_S) -> N
             store.wait(["spoken"], timedelta(seconds=wait_s))
         except Exception:  # noqa: BLE001 (the first was killed before it spoke, or took its store with it)
             print(text, file=sys.stderr, flush=True)
+
+
+def leave_the_store(store: dist.Store, node: NodeProcesses, wait_s: float = REPORTED_WAIT_S) -> None:
+    """Say in the store that this process has reported; in the process that holds the store, wait for the others'
+    word first, at most `wait_s` seconds.
+
+    Once the holder ends, a process still about to report can no longer learn that the first has spoken: it prints
+    its own error too, after torch's warning and a C++ stack trace about the lost store. So the holder closes the
+    process group, which ends the collectives the others may be waiting in with it (they fail and report now),
+    keeps the store itself open, and ends once each of the others has reported, or after `wait_s` seconds for one
+    that never will (killed, frozen).
+    """
+    if under_torchrun():  # torchrun's agent holds the store, and outlives this process
+        return
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        with suppress(Exception):
+            store.set(f"reported/{rank}", "")
+        return
+    server = dist.distributed_c10d._get_default_store()  # the store itself (torch has no public handle on it)
+    close_process_group(node)
+    others = [f"reported/{other}" for other in range(1, world_size)]
+    deadline = time.monotonic() + wait_s
+    with suppress(Exception):  # `check`, not `wait`: a wait that times out prints torch's warnings
+        while not store.check(others) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    del server  # the store closes with the last reference to it
 
 
 def _job_store() -> dist.Store | None:
