@@ -43,6 +43,9 @@ def _train(repo: str, args: list[str], env: dict[str, str], stdout: str, stderr:
     sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True, errors="backslashreplace")  # noqa: SIM115
     sys.stdin = open(os.devnull)  # noqa: SIM115 (open for the life of the process)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets it in a new interpreter
+    # The forkserver made this process its default way to start processes: a new interpreter's default again, with
+    # which a DataLoader's workers are forked, as in a user's run, instead of importing train.py once more each.
+    multiprocessing.set_start_method(None, force=True)
     os.chdir(repo)
     os.environ.clear()
     os.environ.update(env)
