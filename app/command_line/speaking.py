@@ -108,7 +108,8 @@ def leave_the_store(store: dist.Store, node: NodeProcesses, wait_s: float = REPO
     close_process_group(node)
     others = [f"reported/{other}" for other in range(1, world_size)]
     deadline = time.monotonic() + wait_s
-    with suppress(Exception):  # `check`, not `wait`: a wait that times out prints torch's warnings
+    # `check`, not `wait`: a wait that times out prints torch's warnings. Ctrl-C ends the wait, not the error's exit.
+    with suppress(Exception, KeyboardInterrupt):
         while not store.check(others) and time.monotonic() < deadline:
             time.sleep(0.05)
     del server  # the store closes with the last reference to it
