@@ -528,6 +528,20 @@ class FailAtExit(Callback):
             atexit.register(os.abort if self.abort else lambda: os._exit(3))
 
 
+class OutwaitLightningsObserver(Callback):
+    """Test instrument, under Lightning's launcher: global rank 0 ends its training only once the processes it
+    started have ended and Lightning's thread that watches them (every 5 s) has had its look, as on a busy machine,
+    where the end of a run takes a while."""
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.global_rank == 0 and stage == "fit":
+            for process in trainer.strategy.launcher.procs:
+                process.wait(WAIT_S)
+            for thread in threading.enumerate():
+                if thread.name == "child-process-observer":
+                    thread.join(WAIT_S)
+
+
 class RecordCheckpointIO(Callback):
     """Test instrument: global rank 0 writes the class name of the Trainer's checkpoint writer to `path`."""
 

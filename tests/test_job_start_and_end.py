@@ -102,7 +102,11 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
 def test_a_process_that_fails_at_exit_after_training_fails_the_job_and_is_named(
     data_dir, tmp_path, launcher, abort, ended
 ):
+    """Under Lightning's launcher, the first process ends its work only after Lightning's watch over the others has
+    looked at the failed one (app/job/lightnings_observer.py), which used to kill it there without a word."""
     at_exit = ("--trainer.callbacks+=tests.helpers.FailAtExit", "--trainer.callbacks.abort", abort)
+    if launcher == "Lightning's launcher":
+        at_exit += ("--trainer.callbacks+=tests.helpers.OutwaitLightningsObserver",)
     args = argv(data_dir, tmp_path, *at_exit, *LAUNCH_PATHS[launcher], max_epochs=1)
     result = run_train("fit", *args)
     assert result.returncode == 1, result.stderr[-3000:]

@@ -86,3 +86,25 @@ def test_the_keys_lightning_cli_saves_in_a_checkpoint_are_the_ones_read_back():
     assert '"_class_path"' in inspect.getsource(cli), "LightningCLI no longer saves _class_path"
     assert '"_instantiator"' in inspect.getsource(cli), "LightningCLI no longer saves _instantiator"
     assert '"_instantiator"' in inspect.getsource(saving), "Lightning no longer reads _instantiator"
+
+
+def test_lightnings_watch_over_its_launchers_processes_ends_when_given_nothing_to_watch():
+    # app/job/lightnings_observer.py: the thread Lightning's launcher starts, found by its class, and emptied of the
+    # processes it watches: its next look then ends it, where a failed process would have had it kill them all.
+    import signal
+    import subprocess
+    import sys
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failed.wait()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        observer = _ChildProcessObserver(main_pid=bystander.pid, child_processes=[failed])
+        assert observer._child_processes == [failed], "_ChildProcessObserver._child_processes"
+        observer._child_processes = []
+        assert observer._run() is True, "_ChildProcessObserver._run no longer ends with nothing to watch"
+    finally:
+        bystander.terminate()  # a SIGKILL the look sent first would be how it ended
+    assert bystander.wait() == -signal.SIGTERM, "_ChildProcessObserver killed its main process with nothing to watch"

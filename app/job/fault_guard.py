@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.errors import UserError
 from app.job.heartbeats import Heartbeats
+from app.job.lightnings_observer import stand_down_lightnings_observer
 from app.job.store import store_client
 
 
@@ -103,6 +104,7 @@ class FaultGuard(Callback):
         trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
         self._trainer = trainer
         self._start_heartbeats(trainer)
+        stand_down_lightnings_observer()  # the processes have met: a failed one is this program's to name
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
         if trainer.world_size == 1 or not self.stall_timeout or not torch.distributed.is_initialized():
