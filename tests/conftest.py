@@ -46,6 +46,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=place)  # stable: the tests of a file keep their order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The system's temporary folder of the processes the tests start, inside pytest's own (which keeps the last
+    three sessions): torchrun leaves a folder there for each job it runs (`torchelastic_*`, its workers' logs), and
+    without this they would pile up in /tmp, hundreds a week."""
+    folder = tmp_path_factory.mktemp("tmp")
+    os.environ["TMPDIR"] = str(folder)
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def restore_signal_handlers():
     """Put this process's signal handlers back after each test: one ignored here (as Lightning ignores SIGINT after
