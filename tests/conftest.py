@@ -10,7 +10,7 @@ import torch
 from tests.helpers import LAUNCH_PATHS, run_train, scalars
 from tests.synthetic import write_dataset
 
-# One thread per process: the suite runs four workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
+# One thread per process: the suite runs three workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
 # torch's default of a thread per core has the threads of every process spin against each other (15% of the suite's
 # time). Results do not depend on it; every process a test starts inherits it.
 os.environ["OMP_NUM_THREADS"] = "1"
