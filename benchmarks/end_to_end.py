@@ -96,10 +96,13 @@ def commands(args: argparse.Namespace, row: Row, processes: int) -> dict[str, li
     ]
     if row.tutorial is None:
         return {"images on": train, "images off": [*train, *IMAGES_OFF]}
-    tutorial = [
-        *(sys.executable, str(REPO / "benchmarks" / "tutorial_ddp.py"), *row.tutorial),
-        *("--data-dir", args.data_dir, "--dataset", "mnist", "--processes", str(processes), "--port", str(free_port())),
-    ]
+    tutorial = [str(REPO / "benchmarks" / "tutorial_ddp.py"), *row.tutorial, "--data-dir", args.data_dir]
+    if args.accelerator == "gpu":  # the tutorial series' GPU program: torchrun, nccl, a GPU per process
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+        tutorial = [*torchrun, *tutorial, "--dataset", "mnist"]
+    else:
+        tutorial = [sys.executable, *tutorial, "--dataset", "mnist", "--processes", str(processes)]
+        tutorial += ["--port", str(free_port())]
     return {"tutorial": tutorial, "train.py": train}
 
 
@@ -130,24 +133,32 @@ def time_command(command: list[str], processes: int, train_py: bool) -> dict:
         env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
         if not train_py:
             env["OMP_NUM_THREADS"] = str(max(1, os.cpu_count() // processes))
-        env |= {"E2E_T0": repr(start), "E2E_PHASES": str(phases_file)}
+        env |= {"E2E_T0": repr(start), "E2E_PHASES": str(phases_file), "STARTUP_STAMPS": folder}
         process = subprocess.Popen(
             command, cwd=folder, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         summary_at, output = None, []
+        metrics = {}
         for line in process.stdout:
             output.append(line)
             if line.startswith("Finished:") and summary_at is None:
                 summary_at = time.time()
+                words = line.split()[1:]  # Finished: test/acc 0.9912  test/loss 0.0301 ...
+                metrics = {name: float(value) for name, value in zip(words[::2], words[1::2], strict=True)}
         code = process.wait(timeout=1800)
         end = time.time()
         if code != 0:
             sys.exit(f"failed ({code}): {' '.join(command)}\n{''.join(output[-20:])}")
         run = {"wall": end - start}
+        if not train_py:  # rank 0's first step, from the moments the tutorial stamps (startup_stamps.py)
+            stamps = [json.loads(path.read_text()) for path in Path(folder).glob("*.json") if path != phases_file]
+            run["first step"] = next(s["first step"] for s in stamps if s["rank"] == 0) - start
         if train_py:
             profile = json.loads(phases_file.read_text())
             run |= {phase: profile["seconds"].get(phase, 0.0) for phase in PHASES}
             run["first step"] = profile["first_step"] - start
+            run["step_ms"] = profile["step_ms"]
+            run["metrics"] = metrics
             run["exit"] = end - summary_at
             run["other"] = run["wall"] - run["exit"] - sum(run[phase] for phase in PHASES)
     return run
@@ -179,11 +190,13 @@ def print_row(args: argparse.Namespace, name: str, results: dict) -> None:
     else:
         print(f"- images on: {train}\n- images off: {train} {' '.join(IMAGES_OFF)}")
     target = f" (target {row.target}x)" if row.target else ""
-    print(f"| processes | {first} s | {second} s | {first} / {second}{target} |")
-    print("| --- | --- | --- | --- |")
+    print(f"| processes | {first} s | {second} s | {first} / {second}{target} | first step: {first} s | {second} s |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for processes in args.processes:
-        a, b = (median(results[(name, processes, program)], "wall") for program in (first, second))
-        print(f"| {processes} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+        runs = [results[(name, processes, program)] for program in (first, second)]
+        a, b = (median(program_runs, "wall") for program_runs in runs)
+        step_a, step_b = (median(program_runs, "first step") for program_runs in runs)
+        print(f"| {processes} | {a:.1f} | {b:.1f} | {a / b:.2f} | {step_a:.1f} | {step_b:.1f} |")
 
 
 def print_phases(args: argparse.Namespace, results: dict) -> None:

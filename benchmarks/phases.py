@@ -12,11 +12,16 @@ names and charges the time since the last change to the phase running then:
   `trainer.save_checkpoint`;
 - other: from the end of a stage (fit) to the next phase (in the test, after loading the best checkpoint).
 
+It also keeps the moment each training step starts: the median time between two of them, past the first 20
+(`step_ms`), is the steady step as train.py runs it, with its hooks, logging and progress bar. On a GPU the host runs
+ahead of the device, so that is the host's time per step or the device's, whichever is longer.
+
 The end of each stage (fit, test) writes the totals so far as JSON to `E2E_PHASES` on local rank 0.
 """
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -50,6 +55,7 @@ class PhaseProfiler(Profiler):
         self.closing_actions: list[str] = []  # for each phase pushed by a hook, the action whose end pops it
         self.last = float(os.environ.get("E2E_T0", time.time()))
         self.first_step: float | None = None
+        self.step_starts: list[float] = []
 
     def _switch(self) -> None:
         now = time.time()
@@ -58,6 +64,8 @@ class PhaseProfiler(Profiler):
 
     @override
     def start(self, action_name: str) -> None:
+        if action_name == "run_training_batch":
+            self.step_starts.append(time.perf_counter())
         if action_name == "run_training_batch" and self.first_step is None:
             self._switch()
             self.first_step = self.last
@@ -88,5 +96,9 @@ class PhaseProfiler(Profiler):
         path = os.environ.get("E2E_PHASES")
         if path and self.local_rank == 0:
             self._switch()
-            Path(path).write_text(json.dumps({"seconds": self.seconds, "first_step": self.first_step}))
+            steps = self.step_starts[20:]
+            gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+            step_ms = statistics.median(gaps) * 1000 if gaps else None
+            profile = {"seconds": self.seconds, "first_step": self.first_step, "step_ms": step_ms}
+            Path(path).write_text(json.dumps(profile))
         self.stack, self.closing_actions = ["other"], []  # until the next stage's phases: loading a checkpoint, say

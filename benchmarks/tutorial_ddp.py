@@ -63,24 +63,30 @@ def convnet() -> nn.Module:
     return nn.Sequential(block(1, 32), block(32, 64), nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def train(rank: int, args: argparse.Namespace) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(args.port)
+def train(rank: int, args: argparse.Namespace, device: torch.device) -> None:
     set_rank(rank)
     stamp("built")  # nothing to build before the meeting: the program builds after it
     stamp("meeting")
-    dist.init_process_group("gloo", rank=rank, world_size=args.processes)
+    if device.type == "cuda":  # torchrun set the address, the port, the rank and the world size
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(args.port)
+        dist.init_process_group("gloo", rank=rank, world_size=args.processes)
     stamp("met")
 
     dataset_class = datasets.MNIST if args.dataset == "mnist" else datasets.FashionMNIST
     train_set = dataset_class(args.data_dir, train=True, download=True, transform=transforms.ToTensor())
-    sampler = DistributedSampler(train_set, num_replicas=args.processes, rank=rank)
+    sampler = DistributedSampler(train_set, num_replicas=dist.get_world_size(), rank=rank)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, pin_memory=True)
 
-    model = DistributedDataParallel(SeqNet() if args.model == "seqnet" else convnet())
+    network = (SeqNet() if args.model == "seqnet" else convnet()).to(device)
+    model = DistributedDataParallel(network, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for epoch in range(args.epochs):
         for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
@@ -96,6 +102,7 @@ def train(rank: int, args: argparse.Namespace) -> None:
         network.eval()
         with torch.no_grad():
             for images, labels in DataLoader(test_set, batch_size=args.batch_size):
+                images, labels = images.to(device), labels.to(device)
                 correct += (network(images).argmax(dim=1) == labels).sum().item()
         print(f"test accuracy {correct / len(test_set):.4f}", flush=True)
     dist.destroy_process_group()
@@ -111,7 +118,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--port", type=int, default=29500)
     args = parser.parse_args()
-    mp.spawn(train, args=(args,), nprocs=args.processes)
+    if "LOCAL_RANK" in os.environ:  # started by torchrun: one process of the GPU program
+        train(int(os.environ["RANK"]), args, torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    else:
+        mp.spawn(train, args=(args, torch.device("cpu")), nprocs=args.processes)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,16 @@ class FailOnRank(Callback):
             raise RuntimeError(f"planned failure on rank {trainer.global_rank}")
 
 
+class WaitOnRank0(Callback):
+    """Test instrument: global rank 0 waits when training starts, as it would in a collective on NCCL for a process
+    that is lost; after WAIT_S seconds it ends its process with exit status 3 (an error would not be said: another
+    process has spoken), and the test fails."""
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == 0 and not threading.Event().wait(WAIT_S):
+            os._exit(3)
+
+
 class FailOnceRank0Spoke(Callback):
     """Test instrument, under Lightning's launcher: global rank 0 raises when training starts, as a bug would, and
     its process ends only after the other processes it started (as on a busy machine, where the end of a process

@@ -218,6 +218,17 @@ def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank,
     assert_one_short_traceback(run_train(*one_run(data_dir, tmp_path, *failing, *launch)))
 
 
+def test_a_rank_that_fails_while_rank_0_waits_for_it_ends_the_job(data_dir, tmp_path, launch):
+    """On NCCL a collective waits for a lost process until the process-group timeout (30 minutes). Rank 0 ends the
+    job once a process it started has failed and its own work has not ended within the stall timeout: here it waits
+    in a callback, as it would in such a collective. The failed process has said why; nothing else is said."""
+    failing = ("--trainer.callbacks+=tests.helpers.FailOnRank", "--trainer.callbacks.rank=1")
+    waiting = ("--trainer.callbacks+=tests.helpers.WaitOnRank0", "--fault_guard.stall_timeout", "5")
+    result = run_train(*one_run(data_dir, tmp_path, *failing, *waiting, *launch))
+    assert_one_short_traceback(result)
+    assert "planned failure on rank 1" in result.stderr
+
+
 def test_a_rank_that_fails_once_rank_0_has_spoken_says_nothing(data_dir, tmp_path):
     """Global rank 0 holds the job's store (here under Lightning's launcher): it ends only once the others have
     reported, so that one failing a moment after it has spoken still learns that it has, and says nothing."""

@@ -108,3 +108,11 @@ def test_lightnings_watch_over_its_launchers_processes_ends_when_given_nothing_t
     finally:
         bystander.terminate()  # a SIGKILL the look sent first would be how it ended
     assert bystander.wait() == -signal.SIGTERM, "_ChildProcessObserver killed its main process with nothing to watch"
+
+
+def test_the_process_groups_store_is_where_the_store_holder_keeps_it_open():
+    # app/command_line/speaking.py: global rank 0, which holds the job's TCP store, keeps it open after closing the
+    # process group until the others have reported; torch has no public handle on the default group's store.
+    import torch.distributed as dist
+
+    assert parameters(dist.distributed_c10d._get_default_store) == [], "distributed_c10d._get_default_store"

@@ -341,6 +341,8 @@ class TrainCLI(LightningCLI):
                     header += "\nChanged: " + ", ".join(map(str, self.start.changes))
         self.save_config_kwargs = {"run": self.run, "header": header, "overwrite": False}
         trainer = super().instantiate_trainer(**kwargs)
+        for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
+            guard.node = self.node  # it watches the processes of this node once they have met
         if self.run is not None:
             trainer.callbacks.append(self.run)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger

@@ -189,6 +189,9 @@ class NodeProcesses:
         self.started: list[subprocess.Popen] = []
         self.checked = threading.Event()  # this process's checks before the launch have passed
         self.met = threading.Event()  # the processes have met (set again before the process group is closed)
+        self.work_done = threading.Event()  # this process's work ended well: `wait_for_the_others` has begun
+        self.lost_process_grace_s = 60.0  # see `_end_unless_done`; FaultGuard sets its stall timeout
+        self._watched: list[subprocess.Popen] = []  # those Lightning's launcher started here, once they have met
         self._speaking = threading.Lock()  # held by whichever thread of this process prints the job's error
 
     @classmethod
@@ -220,9 +223,9 @@ class NodeProcesses:
         """Before this process prints the error that ends it, with others started here: wait if a thread watching
         them prints one already (`_watch` then ends the process), else end them first, so that what they print as
         they start does not follow the error line, and no thread prints another."""
-        if self.started:
+        if self.started or self._watched:
             self._speaking.acquire()  # never released: the process is ending
-            for process in self.started:
+            for process in [*self.started, *self._watched]:
                 process.kill()
                 process.wait()
 
@@ -254,7 +257,10 @@ class NodeProcesses:
         which would otherwise wait for it until the process-group timeout (blocked in `init_process_group`, it does
         not see Ctrl-C either: a process stopped by Ctrl-C or SIGTERM ends the job with its status)."""
         status = process.wait()
-        if status == 0 or self.have_met():
+        if status == 0:
+            return
+        if self.have_met():
+            self._end_unless_done(local_rank, process, status)
             return
         if status in STOPPED:  # Ctrl-C or SIGTERM before the meeting: the job stops, as one process would, silently
             self.end_job(status if status > 0 else 128 - status)  # 130 or 143, as a shell reports them
@@ -271,6 +277,40 @@ class NodeProcesses:
             f" {_status(status)} before the processes of the job met."
         )
         self.end_job(1, text)
+
+    def watch_after_the_meeting(self, processes: list[subprocess.Popen], grace_s: float) -> None:
+        """Once the processes have met: watch those that Lightning's launcher started here (Lightning's own watch is
+        stood down: app/job/lightnings_observer.py) as `_watch` does those started here, and wait `grace_s` for this
+        process's work to end after one of them failed (`_end_unless_done`)."""
+        self.lost_process_grace_s = grace_s
+        self._watched += processes
+        for local_rank, process in enumerate(processes, start=1):  # Lightning starts them in the order of local rank
+            threading.Thread(target=self._watch_after_the_meeting, args=(local_rank, process), daemon=True).start()
+
+    def _watch_after_the_meeting(self, local_rank: int, process: subprocess.Popen) -> None:
+        status = process.wait()
+        if status != 0:
+            self._end_unless_done(local_rank, process, status)
+
+    def _end_unless_done(self, local_rank: int, process: subprocess.Popen, status: int) -> None:
+        """A process started here failed after the processes met. On gloo this one meets the loss at its next
+        collective and ends by itself; on NCCL that collective waits for the lost process until the process-group
+        timeout, 30 minutes by default. So unless this process's work ends well within `lost_process_grace_s`
+        (`wait_for_the_others` then names the failure), the job ends here: silently where the failed process said
+        why itself (exit status 1: app/command_line/speaking.py), with the signal's status for Ctrl-C or SIGTERM,
+        else in one line."""
+        if self.work_done.wait(self.lost_process_grace_s):
+            return
+        if status in STOPPED:
+            self.end_job(status if status > 0 else 128 - status)
+        self.end_job(
+            1,
+            ""
+            if status == 1
+            else f"error: the process of local rank {local_rank} (pid {process.pid}) ended with exit status"
+            f" {_status(status)}, and this one was still waiting for it {self.lost_process_grace_s:g} s later (in a"
+            " collective, which NCCL does not end when a process is lost), so the job failed.",
+        )
 
     @contextmanager
     def ctrl_c_ends_the_meeting(self) -> Iterator[None]:
@@ -322,7 +362,8 @@ class NodeProcesses:
         `app/command_line/speaking.py`); one killed by a signal or ended with another status (an abort at exit,
         say) is named here. A process that has not ended `EXIT_GRACE_S` seconds after this one's work is named and
         killed. Ctrl-C ends the wait, and them."""
-        failed, children = None, [*self.started, *processes]
+        self.work_done.set()
+        failed, children = None, list(dict.fromkeys([*self.started, *self._watched, *processes]))
         try:
             for local_rank, process in enumerate(children, start=1):
                 status = self._wait_for(local_rank, process)

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.errors import UserError
+from app.job.early_start import NodeProcesses
 from app.job.heartbeats import Heartbeats
 from app.job.lightnings_observer import stand_down_lightnings_observer
 from app.job.store import store_client
@@ -96,6 +97,7 @@ class FaultGuard(Callback):
         self.last_loss: torch.Tensor | None = None
         self.heartbeats: Heartbeats | None = None
         self.stages = 0
+        self.node: NodeProcesses | None = None  # this node's processes, given by train.py (app/job/early_start.py)
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -104,7 +106,10 @@ class FaultGuard(Callback):
         trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
         self._trainer = trainer
         self._start_heartbeats(trainer)
-        stand_down_lightnings_observer()  # the processes have met: a failed one is this program's to name
+        # The processes have met: a failed one is this program's to name, and to end the job for.
+        watched_by_lightning = stand_down_lightnings_observer()
+        if self.node is not None:
+            self.node.watch_after_the_meeting(watched_by_lightning, grace_s=self.stall_timeout or 60)
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
         if trainer.world_size == 1 or not self.stall_timeout or not torch.distributed.is_initialized():

@@ -10,8 +10,8 @@ def close_process_group(node: NodeProcesses | None = None) -> None:
 
     Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
     collectives, whose tensors get freed during interpreter shutdown: the process aborts (SIGABRT, "terminate called
-    without an active exception") after a run that finished well, and its exit status says it failed. Under
-    Lightning's launcher and SLURM, the job's TCP store goes with it from global rank 0 (see
+    without an active exception") after a run that finished well, and its exit status says it failed. Except under
+    torchrun, whose agent holds it, the job's TCP store goes with it from global rank 0 (see
     `app/command_line/speaking.py`).
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -1,0 +1,66 @@
+"""On a GPU, with the process group on NCCL (skipped on a machine without an NVIDIA GPU, as CI is): a stop mid-epoch
+continues to the weights of a run never stopped, and a bug is one short traceback.
+
+One process on the one GPU: NCCL refuses two ranks on one device, so the cases of several processes run on the CPU
+with gloo (test_faults.py, test_stalls.py, test_errors.py), on a GPU machine too."""
+
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import max_difference, run_train, small_run
+from tests.test_errors import assert_one_short_traceback
+
+pytestmark = [
+    pytest.mark.slow,
+    # Not torch.cuda.is_available(): the runs are forked from this process (tests/preloaded.py), and CUDA must not
+    # have been initialised before a fork.
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
+]
+
+LAST = Path("SeqNet-mnist") / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def on_the_gpu(data_dir: Path, root: Path, *args: str) -> list[str]:
+    """One process on the GPU, two epochs of 20 steps, deterministic, the stop check every 4 steps."""
+    deterministic = ("--trainer.deterministic", "true", "--fault_guard.every_n_steps", "4")
+    return small_run(data_dir, root, *deterministic, *args, devices=1, accelerator="gpu", max_epochs=2)
+
+
+def test_on_the_gpu_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path):
+    uninterrupted = run_train("fit", *on_the_gpu(data_dir, tmp_path / "uninterrupted"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert "GPU available: True (cuda), used: True" in uninterrupted.stdout + uninterrupted.stderr
+
+    root = tmp_path / "stopped"
+    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "13")
+    stopped = run_train("fit", *on_the_gpu(data_dir, root, *sigterm))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert re.search(r"Stopped by SIGTERM in epoch 0, after step 16;", stopped.stdout + stopped.stderr)
+    resumed = run_train("fit", *on_the_gpu(data_dir, root, "--ckpt_path", "last"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    final, expected = (
+        torch.load(r / LAST, map_location="cpu", weights_only=True) for r in (root, tmp_path / "uninterrupted")
+    )
+    assert final["global_step"] == expected["global_step"] == 40
+    assert max_difference(final["state_dict"], expected["state_dict"]) == 0
+
+
+def test_on_the_gpu_a_bug_is_one_short_traceback(data_dir, tmp_path):
+    failing = on_the_gpu(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.FailOnRank")
+    result = run_train("fit", *failing)
+    assert_one_short_traceback(result)
+
+
+def test_on_the_gpu_convnet_in_channels_last_trains_without_a_warning_from_ddp(data_dir, tmp_path):
+    """cuDNN gives the first convolution's weight gradient plain strides; the weight keeps them on a GPU, so that DDP's
+    bucket view matches (models/base.py)."""
+    convnet = small_run(data_dir, tmp_path, "--trainer.max_steps", "3", model="ConvNet", devices=1, accelerator="gpu")
+    result = run_train("fit", *convnet)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Grad strides do not match bucket view strides" not in result.stderr
