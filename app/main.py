@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None, node: NodeProcesses | None = None) -> No
             exit_with_error(PEER_LOST_MESSAGE, node)
         exit_with_bug(error, node)
     finally:
+        node.leaving.set()  # from here, a process of this node that fails is not waited for (early_start.py)
         close_process_group(node)
     node.wait_for_the_others(cli.processes_started_here())
 

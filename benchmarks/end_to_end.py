@@ -8,6 +8,8 @@ times train.py with and without the dashboard's images.
 
     python benchmarks/end_to_end.py --data-dir ../shared/datasets
     python benchmarks/end_to_end.py --data-dir ../shared/datasets --rows defaults images --processes 1
+
+With `--accelerator gpu` the tutorial program is its GPU version, started by torchrun (`tutorial_ddp.py`).
 """
 
 import argparse

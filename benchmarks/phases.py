@@ -19,6 +19,7 @@ ahead of the device, so that is the host's time per step or the device's, whiche
 The end of each stage (fit, test) writes the totals so far as JSON to `E2E_PHASES` on local rank 0.
 """
 
+import itertools
 import json
 import os
 import statistics
@@ -97,7 +98,7 @@ class PhaseProfiler(Profiler):
         if path and self.local_rank == 0:
             self._switch()
             steps = self.step_starts[20:]
-            gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(steps)]
             step_ms = statistics.median(gaps) * 1000 if gaps else None
             profile = {"seconds": self.seconds, "first_step": self.first_step, "step_ms": step_ms}
             Path(path).write_text(json.dumps(profile))

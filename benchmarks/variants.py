@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     variants = dict(variant.split("=", 1) for variant in args.variant)
+    if len(variants) < len(args.variant):
+        parser.error("two variants have the same name")
     common = [*shlex.split(args.common), "--data.data_dir", str(Path(args.data_dir).resolve())]
 
     print_machine()
@@ -42,11 +44,12 @@ def main() -> None:
             print(f"round {round_index + 1}: {name}: {summary(run)}", file=sys.stderr, flush=True)
 
     print(f"\npython train.py {args.common} --data.data_dir DATA, and each variant's options; medians of {args.rounds}")
-    print("| variant | options | whole command s | first step s | training s | step ms | samples/s | test/acc |")
+    print("| variant | options | whole command s | first step s | training s | step ms | samples/s/rank | test/acc |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, runs in results.items():
         figures = [statistics.median(run[key] for run in runs) for key in ("wall", "first step", "training")]
-        step_ms = statistics.median(run["step_ms"] for run in runs) if runs[0]["step_ms"] else float("nan")
+        steps = [run["step_ms"] for run in runs if run["step_ms"] is not None]  # none in a run of 21 steps or fewer
+        step_ms = statistics.median(steps) if steps else float("nan")
         accuracy = ", ".join(f"{run['metrics'].get('test/acc', float('nan')):.4f}" for run in runs)
         samples = batch_of(common + shlex.split(variants[name])) / step_ms * 1000
         print(
@@ -56,7 +59,8 @@ def main() -> None:
 
 
 def batch_of(options: list[str]) -> int:
-    """The batch per process that the options give (the last --data.batch_size, or the datamodule's default)."""
+    """The batch per process that the options give on the command line (the last --data.batch_size, or the
+    datamodule's default: a config file's is not read)."""
     sizes = [options[i + 1] for i, option in enumerate(options[:-1]) if option == "--data.batch_size"]
     return int(sizes[-1]) if sizes else 64
 

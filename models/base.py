@@ -103,7 +103,7 @@ class ImageClassifier(LightningModule):
         "Grad strides do not match bucket view strides" once per run. On the CPU the gradient takes the weight's
         channels_last strides, and the plain ones made ConvNet's step 1.3x as slow there."""
         for parameter in self.net.parameters():
-            if parameter.dim() == 4 and parameter.is_contiguous():
+            if parameter.dim() == 4 and parameter.shape[1] == 1:
                 parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
     def forward(self, images: Tensor) -> Tensor:

@@ -1,5 +1,6 @@
 """On a GPU, with the process group on NCCL (skipped on a machine without an NVIDIA GPU, as CI is): a stop mid-epoch
-continues to the weights of a run never stopped, and a bug is one short traceback.
+continues to the weights of a run never stopped, a bug is one short traceback, and ConvNet in channels_last trains
+without DDP's warning about gradient strides.
 
 One process on the one GPU: NCCL refuses two ranks on one device, so the cases of several processes run on the CPU
 with gloo (test_faults.py, test_stalls.py, test_errors.py), on a GPU machine too."""

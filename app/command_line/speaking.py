@@ -94,9 +94,9 @@ def leave_the_store(store: dist.Store, node: NodeProcesses, wait_s: float = REPO
     Once the holder ends, a process still about to report can no longer learn that the first has spoken: it prints
     its own error too, after torch's warning and a C++ stack trace about the lost store. So the holder closes the
     process group, which on gloo ends the collectives the others may be waiting in with it (they fail and report
-    now; on NCCL they wait on until the heartbeats name the holder: app/job/heartbeats.py), keeps the store itself
-    open, and ends once each of the others has reported, or after `wait_s` seconds for one that never will (killed,
-    frozen, waiting on NCCL).
+    now; on NCCL they wait on: the processes of this node end with this one, `NodeProcesses.take_the_word`, those
+    of other nodes are not reached from here), keeps the store itself open, and ends once each of the others has
+    reported, or after `wait_s` seconds for one that never will (killed, frozen, waiting on NCCL).
     """
     if under_torchrun():  # torchrun's agent holds the store, and outlives this process
         return

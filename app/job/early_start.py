@@ -177,9 +177,11 @@ class NodeProcesses:
     `start` makes it (train.py, before its imports); the process the user started holds it for the whole program,
     and so do the processes it started (with none started). It says when this process's checks have passed
     (`checked`) and when the processes have met (`met`); it watches the processes it started, and ends the job in
-    one line when one fails before the meeting (`_watch`); it gives the word to one thread (`take_the_word`), hands a
-    message over to the process that started this one (`hand_over`), ends the wait for the meeting on Ctrl-C
-    (`ctrl_c_ends_the_meeting`), and waits for the processes it started at the end (`wait_for_the_others`).
+    one line when one fails before the meeting (`_watch`), or after it while this one still waits
+    (`_end_unless_leaving`, for those Lightning's launcher started too: `watch_after_the_meeting`); it gives the word
+    to one thread (`take_the_word`), hands a message over to the process that started this one (`hand_over`), ends
+    the wait for the meeting on Ctrl-C (`ctrl_c_ends_the_meeting`), and waits for the processes of its node at the
+    end (`wait_for_the_others`).
     """
 
     EXIT_GRACE_S = 60  # how long the processes started here may take to end once this one's work is done
@@ -189,8 +191,9 @@ class NodeProcesses:
         self.started: list[subprocess.Popen] = []
         self.checked = threading.Event()  # this process's checks before the launch have passed
         self.met = threading.Event()  # the processes have met (set again before the process group is closed)
-        self.work_done = threading.Event()  # this process's work ended well: `wait_for_the_others` has begun
-        self.lost_process_grace_s = 60.0  # see `_end_unless_done`; FaultGuard sets its stall timeout
+        self.leaving = threading.Event()  # this process's work has ended, well or not (app/main.py)
+        self.lost_process_grace_s = 60.0  # see `_end_unless_leaving`; FaultGuard sets its stall timeout
+        self.killed_ones_are_named = False  # by the heartbeats (app/job/heartbeats.py), when they run
         self._watched: list[subprocess.Popen] = []  # those Lightning's launcher started here, once they have met
         self._speaking = threading.Lock()  # held by whichever thread of this process prints the job's error
 
@@ -221,8 +224,9 @@ class NodeProcesses:
 
     def take_the_word(self) -> None:
         """Before this process prints the error that ends it, with others started here: wait if a thread watching
-        them prints one already (`_watch` then ends the process), else end them first, so that what they print as
-        they start does not follow the error line, and no thread prints another."""
+        them prints one already (`_watch` then ends the process), else end them first (those Lightning's launcher
+        started too), so that what they print as they start does not follow the error line, and no thread prints
+        another."""
         if self.started or self._watched:
             self._speaking.acquire()  # never released: the process is ending
             for process in [*self.started, *self._watched]:
@@ -252,15 +256,16 @@ class NodeProcesses:
         sys.stderr.flush()
         os._exit(exit_status)
 
-    def _watch(self, local_rank: int, process: subprocess.Popen, report: int) -> None:
-        """Wait for one process started here; if it fails before the processes meet, say why once and end this one,
-        which would otherwise wait for it until the process-group timeout (blocked in `init_process_group`, it does
-        not see Ctrl-C either: a process stopped by Ctrl-C or SIGTERM ends the job with its status)."""
+    def _watch(self, local_rank: int, process: subprocess.Popen, report: int | None = None) -> None:
+        """Wait for one process started here; if it fails before the processes meet, say why once (the message
+        from `report`, the pipe it hands it over in) and end this one, which would otherwise wait for it until the
+        process-group timeout (blocked in `init_process_group`, it does not see Ctrl-C either: a process stopped by
+        Ctrl-C or SIGTERM ends the job with its status). After the meeting: `_end_unless_leaving`."""
         status = process.wait()
         if status == 0:
             return
-        if self.have_met():
-            self._end_unless_done(local_rank, process, status)
+        if report is None or self.have_met():
+            self._end_unless_leaving(local_rank, process, status)
             return
         if status in STOPPED:  # Ctrl-C or SIGTERM before the meeting: the job stops, as one process would, silently
             self.end_job(status if status > 0 else 128 - status)  # 130 or 143, as a shell reports them
@@ -278,28 +283,24 @@ class NodeProcesses:
         )
         self.end_job(1, text)
 
-    def watch_after_the_meeting(self, processes: list[subprocess.Popen], grace_s: float) -> None:
+    def watch_after_the_meeting(self, processes: list[subprocess.Popen], grace_s: float, heartbeats: bool) -> None:
         """Once the processes have met: watch those that Lightning's launcher started here (Lightning's own watch is
-        stood down: app/job/lightnings_observer.py) as `_watch` does those started here, and wait `grace_s` for this
-        process's work to end after one of them failed (`_end_unless_done`)."""
-        self.lost_process_grace_s = grace_s
+        stood down: app/job/lightnings_observer.py) as `_watch` does those started here; `grace_s` and whether the
+        heartbeats run are for `_end_unless_leaving`."""
+        self.lost_process_grace_s, self.killed_ones_are_named = grace_s, heartbeats
         self._watched += processes
         for local_rank, process in enumerate(processes, start=1):  # Lightning starts them in the order of local rank
-            threading.Thread(target=self._watch_after_the_meeting, args=(local_rank, process), daemon=True).start()
+            threading.Thread(target=self._watch, args=(local_rank, process), daemon=True).start()
 
-    def _watch_after_the_meeting(self, local_rank: int, process: subprocess.Popen) -> None:
-        status = process.wait()
-        if status != 0:
-            self._end_unless_done(local_rank, process, status)
-
-    def _end_unless_done(self, local_rank: int, process: subprocess.Popen, status: int) -> None:
-        """A process started here failed after the processes met. On gloo this one meets the loss at its next
+    def _end_unless_leaving(self, local_rank: int, process: subprocess.Popen, status: int) -> None:
+        """A process of this node failed after the processes met. On gloo this one meets the loss at its next
         collective and ends by itself; on NCCL that collective waits for the lost process until the process-group
-        timeout, 30 minutes by default. So unless this process's work ends well within `lost_process_grace_s`
-        (`wait_for_the_others` then names the failure), the job ends here: silently where the failed process said
-        why itself (exit status 1: app/command_line/speaking.py), with the signal's status for Ctrl-C or SIGTERM,
-        else in one line."""
-        if self.work_done.wait(self.lost_process_grace_s):
+        timeout, 30 minutes by default. So unless this process is leaving `lost_process_grace_s` seconds later, the
+        job ends here: silently where the failed process said why (exit status 1: app/command_line/speaking.py),
+        with 130 or 143 after Ctrl-C or SIGTERM, else in one line. A process killed without a word (SIGKILL, a
+        crash) is the heartbeats' to name, where they run: they also say what is kept of the run."""
+        said_why = status == 1 or status in STOPPED
+        if (not said_why and self.killed_ones_are_named) or self.leaving.wait(self.lost_process_grace_s):
             return
         if status in STOPPED:
             self.end_job(status if status > 0 else 128 - status)
@@ -308,8 +309,8 @@ class NodeProcesses:
             ""
             if status == 1
             else f"error: the process of local rank {local_rank} (pid {process.pid}) ended with exit status"
-            f" {_status(status)}, and this one was still waiting for it {self.lost_process_grace_s:g} s later (in a"
-            " collective, which NCCL does not end when a process is lost), so the job failed.",
+            f" {_status(status)}, and this one was still running {self.lost_process_grace_s:g} s later, so the job"
+            " ends.",
         )
 
     @contextmanager
@@ -362,7 +363,6 @@ class NodeProcesses:
         `app/command_line/speaking.py`); one killed by a signal or ended with another status (an abort at exit,
         say) is named here. A process that has not ended `EXIT_GRACE_S` seconds after this one's work is named and
         killed. Ctrl-C ends the wait, and them."""
-        self.work_done.set()
         failed, children = None, list(dict.fromkeys([*self.started, *self._watched, *processes]))
         try:
             for local_rank, process in enumerate(children, start=1):

@@ -47,7 +47,9 @@ class FaultGuard(Callback):
             flags. With 1 the ranks compare flags before every step, as often as Lightning does by itself.
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
-            (`app/job/heartbeats.py`): no collective, nothing the training step waits for.
+            (`app/job/heartbeats.py`): no collective, nothing the training step waits for. Also how long the process
+            that started the others of its node goes on after one of them failed (60 s with 0): on NCCL, a
+            collective waits for a lost process until the process-group timeout.
         checkpoint_every_s: Seconds of training after which every rank saves `last.ckpt` at the next check, in the
             middle of an epoch too, so that a killed process or a lost node costs at most that much (None: only at
             each epoch's end; 0: at every check). The decision travels in the check's all-reduce: no collective of
@@ -109,7 +111,8 @@ class FaultGuard(Callback):
         # The processes have met: a failed one is this program's to name, and to end the job for.
         watched_by_lightning = stand_down_lightnings_observer()
         if self.node is not None:
-            self.node.watch_after_the_meeting(watched_by_lightning, grace_s=self.stall_timeout or 60)
+            grace_s = self.stall_timeout or NodeProcesses.EXIT_GRACE_S
+            self.node.watch_after_the_meeting(watched_by_lightning, grace_s, heartbeats=self.heartbeats is not None)
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
         if trainer.world_size == 1 or not self.stall_timeout or not torch.distributed.is_initialized():
