@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.startup_stamps import read_stamps  # noqa: E402
+
 PHASES = ("start-up", "training", "validation", "dashboard", "checkpoints", "test")
 
 
@@ -152,10 +156,9 @@ def time_command(command: list[str], processes: int, train_py: bool) -> dict:
         if code != 0:
             sys.exit(f"failed ({code}): {' '.join(command)}\n{''.join(output[-20:])}")
         run = {"wall": end - start}
-        if not train_py:  # rank 0's first step, from the moments the tutorial stamps (startup_stamps.py)
-            stamps = [json.loads(path.read_text()) for path in Path(folder).glob("*.json") if path != phases_file]
-            run["first step"] = next(s["first step"] for s in stamps if s["rank"] == 0) - start
-        if train_py:
+        if not train_py:  # rank 0's first step, from the moments the tutorial stamps
+            run["first step"] = read_stamps(Path(folder))[0]["first step"] - start
+        else:
             profile = json.loads(phases_file.read_text())
             run |= {phase: profile["seconds"].get(phase, 0.0) for phase in PHASES}
             run["first step"] = profile["first_step"] - start

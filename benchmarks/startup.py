@@ -28,7 +28,6 @@ the same rounds.
 """
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -39,6 +38,7 @@ import time
 from pathlib import Path
 
 from end_to_end import free_port, print_machine
+from startup_stamps import read_stamps
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
@@ -115,19 +115,6 @@ def time_start_up(args: argparse.Namespace, launcher: str, processes: int, check
         if (launcher != "tutorial" and process.returncode != 0) or "first step" not in ranks.get(0, {}):
             sys.exit(f"failed ({process.returncode}): {' '.join(run_command)}\n{output.decode()[-3000:]}")
     return phases(start, ranks) | ({"whole command": end - start} if launcher != "tutorial" else {})
-
-
-def read_stamps(folder: Path) -> dict[int, dict]:
-    """The moments of each process of the job that trains, by global rank (the launchers themselves have none)."""
-    ranks = {}
-    for path in folder.glob("*.json"):
-        try:
-            moments = json.loads(path.read_text())
-        except json.JSONDecodeError:  # being written
-            continue
-        if moments["rank"] is not None:
-            ranks[moments["rank"]] = moments
-    return ranks
 
 
 def phases(start: float, ranks: dict[int, dict]) -> dict[str, float]:

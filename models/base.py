@@ -43,8 +43,8 @@ class ImageClassifier(LightningModule):
     images and convolution weights in NHWC order, which made ConvNet's training step 1.24x as fast on CPU and which
     convolution kernels on recent GPUs prefer (SeqNet has no convolutions: nothing changes); `compile` (off)
     compiles the network's forward and backward with `torch.compile`, at a start-up cost (`reduce-overhead` or
-    `max-autotune` for torch.compile's mode of that name: on a GPU, CUDA graphs replay each pass's kernels with one
-    launch); the state dict keeps its keys, so checkpoints load either way.
+    `max-autotune` for torch.compile's mode of that name, which use CUDA graphs on a GPU); the state dict keeps its
+    keys, so checkpoints load either way.
 
     Each stage has its own torchmetrics objects. Under DDP they sum their states (correct predictions, loss times
     samples, sample counts) over all ranks before computing, so a validation or test figure is weighted by samples,

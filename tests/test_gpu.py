@@ -18,8 +18,7 @@ from tests.test_errors import assert_one_short_traceback
 
 pytestmark = [
     pytest.mark.slow,
-    # Not torch.cuda.is_available(): the runs are forked from this process (tests/preloaded.py), and CUDA must not
-    # have been initialised before a fork.
+    # Without asking torch, which would load the GPU driver into this process on every machine that collects it.
     pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU"),
 ]
 

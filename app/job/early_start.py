@@ -192,7 +192,7 @@ class NodeProcesses:
         self.checked = threading.Event()  # this process's checks before the launch have passed
         self.met = threading.Event()  # the processes have met (set again before the process group is closed)
         self.leaving = threading.Event()  # this process's work has ended, well or not (app/main.py)
-        self.lost_process_grace_s = 60.0  # see `_end_unless_leaving`; FaultGuard sets its stall timeout
+        self.lost_process_grace_s = float(self.EXIT_GRACE_S)  # see `_end_unless_leaving`; FaultGuard sets it
         self.killed_ones_are_named = False  # by the heartbeats (app/job/heartbeats.py), when they run
         self._watched: list[subprocess.Popen] = []  # those Lightning's launcher started here, once they have met
         self._speaking = threading.Lock()  # held by whichever thread of this process prints the job's error
