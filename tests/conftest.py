@@ -28,13 +28,13 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-# The longest files first (about 140 s down to 40 s on CI's 2 cores; test_speed is one test of 50 s): pytest-xdist
-# hands out whole files in the order of collection (`--dist loadfile`), and a long file handed out last keeps one
-# worker busy after the others are done.
+# The longest files first (about 130 s down to 15 s with three workers on the development VM's 2 cores): pytest-xdist
+# hands out whole files in the order of collection (`--dist loadfile --no-loadscope-reorder`: otherwise the files
+# with the most tests first), and a long file handed out last keeps one worker busy after the others are done.
 LONGEST_FIRST = [
-    *("test_elastic", "test_multinode_failures", "test_speed", "test_faults", "test_stalls", "test_errors"),
-    "test_correctness",
-    *("test_job_start_and_end", "test_ddp", "test_run_folder", "test_early_start", "test_predict", "test_multinode"),
+    *("test_errors", "test_elastic", "test_stalls", "test_multinode_failures", "test_faults", "test_multinode"),
+    *("test_run_folder", "test_job_start_and_end", "test_speed", "test_early_start", "test_correctness", "test_cli"),
+    *("test_predict", "test_ddp", "test_docs"),
 ]
 
 

@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import errno
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,16 +84,16 @@ def small_run(data_dir: Path, root: Path | None, *args: str, **settings) -> list
     return [*argv, *args]
 
 
-def run_train(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> Run:
-    """Run `python train.py ARGS` from the repository root, with this environment and `env`, and wait for it, at most
-    `timeout` seconds.
+def run_train(*args: str, timeout: float = 240, env: dict[str, str] | None = None, repo: Path = REPO) -> Run:
+    """Run `python train.py ARGS` from the repository root (or the copy of the program in `repo`), with this
+    environment and `env`, and wait for it, at most `timeout` seconds.
 
     The process is forked with torch and Lightning already imported (tests/preloaded.py): the same program, seconds
-    sooner. Like `run_command`, it runs in a session of its own, every process of which is killed at the end."""
-    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
+    sooner. Like `run_command`, it runs in a session of its own: a process of it still running 10 s after it ended
+    fails the test (nothing left behind), and every process of it is killed at the end."""
     with tempfile.TemporaryDirectory() as streams:
         stdout, stderr = Path(streams, "stdout"), Path(streams, "stderr")
-        process = preloaded.start(REPO, list(args), env, stdout, stderr)
+        process = start_train(*args, stdout=stdout, stderr=stderr, env=env, repo=repo)
         try:
             process.join(timeout)
             if process.exitcode is None:
@@ -101,10 +103,51 @@ def run_train(*args: str, timeout: float = 240, env: dict[str, str] | None = Non
                     f"train.py {' '.join(args)}\nstill running after {timeout} s. Its output:\n"
                     f"{stdout.read_text()[-2000:]}\n{stderr.read_text()[-4000:]}"
                 )
+            left = left_behind(session=process.pid)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+        assert not left, f"train.py {' '.join(args)}\nleft behind:\n{left}{stderr.read_text()[-3000:]}"
         return Run(process.exitcode, stdout.read_text(), stderr.read_text(), process.pid)
+
+
+def start_train(
+    *args: str, stdout: Path, stderr: Path | None = None, env: dict[str, str] | None = None, repo: Path = REPO
+) -> multiprocessing.Process:
+    """Start `python train.py ARGS` in `repo` as `run_train` does, without waiting for it: its output goes to the
+    files (standard error to `stdout`'s too, without `stderr`); its pid leads a session of its own."""
+    env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return preloaded.start(repo, list(args), env, stdout, stderr or stdout)
+
+
+class TrainJob:
+    """`python train.py ARGS` started by `start_train`, with what the tests use of `subprocess.Popen`'s handle (`pid`,
+    `poll`, `communicate`, `returncode`), its standard output and error in one file. `kill` ends its session."""
+
+    def __init__(self, *args: str, output: Path, env: dict[str, str] | None = None, repo: Path = REPO) -> None:
+        self.args = args
+        self.output = output
+        self.process = start_train(*args, stdout=output, env=env, repo=repo)
+        self.pid = self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def communicate(self, timeout: float) -> tuple[str, None]:
+        """Wait for it to end, at most `timeout` seconds (then subprocess.TimeoutExpired); its output."""
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(["train.py", *self.args], timeout, self.output.read_text())
+        return self.output.read_text(), None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.join()
 
 
 def run_local_cluster(
@@ -130,10 +173,11 @@ def local_cluster_command(nodes: int, devices: int, *args: str) -> list[str]:
 def run_command(command: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO) -> Run:
     """Run a command (from the repository root, by default) and wait for it, at most `timeout` seconds.
 
-    The command runs in a session of its own, and every process of that session is killed at the end whatever
-    happened: a timeout or a crash leaves no rank of a DDP job behind. (local_cluster.sh puts each node in a
-    session of its own and ends them itself.) A command still running at the timeout fails the test with what it
-    printed until then, so that a hang shows where it happened.
+    The command runs in a session of its own: a process of that session still running 10 s after the command
+    ended fails the test (nothing left behind), and every one is killed at the end whatever happened, so that a
+    timeout or a crash leaves no rank of a DDP job behind. (local_cluster.sh puts each node in a session of its
+    own and ends them itself.) A command still running at the timeout fails the test with what it printed until
+    then, so that a hang shows where it happened.
     """
     env = {**os.environ, **NO_NETWORK, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(
@@ -147,6 +191,7 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
+        left = left_behind(session=process.pid)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
@@ -158,6 +203,7 @@ def run_command(command: list[str], timeout: float, env: dict[str, str] | None =
             os.killpg(process.pid, signal.SIGKILL)
         if process.returncode is None:
             process.communicate()
+    assert not left, f"{' '.join(command)}\nleft behind:\n{left}{stderr[-3000:]}"
     return Run(process.returncode, stdout, stderr, process.pid)
 
 
@@ -169,14 +215,37 @@ def wait_for(condition, timeout: float, what: str, every: float = 0.5) -> None:
         time.sleep(every)
 
 
-def wait_for_no_process(marker: str, timeout: float) -> str:
-    """The command lines of the processes whose command line holds `marker`, once none is left or at `timeout`."""
+def left_behind(session: int | None = None, marker: str | None = None, timeout: float = 10) -> str:
+    """What is still running of a job that has ended, once nothing is or after `timeout` s: the processes of its
+    `session` (the pid that leads it) and those whose command line holds `marker`, a line each.
+
+    Ask before the test's own clean-up kills what is left, or the answer is always nothing. The forks of
+    `run_train` (tests/preloaded.py) are found by their session: their command line is not train.py's."""
     deadline = time.monotonic() + timeout
-    while (left := subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout) and (
-        time.monotonic() < deadline
-    ):
+    while True:
+        left = [
+            f"{pid} {command}\n"
+            for pid, its_session, command in _running_processes()
+            if its_session == session or (marker and marker in command)
+        ]
+        if not left or time.monotonic() > deadline:
+            return "".join(left)
         time.sleep(0.1)
-    return left
+
+
+def _running_processes() -> Iterator[tuple[int, int, str]]:
+    """Each process's pid, session and command line; not those that have ended and wait to be reaped (zombies)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            command = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it has just ended
+            continue
+        state, _parent, _group, session = stat.rsplit(")", 1)[1].split()[:4]  # after the name, which may hold spaces
+        if state not in ("Z", "X"):
+            yield int(entry.name), int(session), command.strip()
 
 
 def scalars(log_dir: Path) -> dict[str, list[float]]:

@@ -1,14 +1,23 @@
 """`python train.py ARGS` as a fresh process that finds torch and Lightning already imported.
 
 Importing torch, torchvision and Lightning takes about 3 s of CPU on the 2-core CI machine, in every process, and
-most of the suite's runs are one process that ends in a second or two. Here each run is forked from a server that
-imported those libraries once (multiprocessing's forkserver, which never runs a tensor operation, so the forks
-inherit no thread pool), then runs train.py as `__main__` in a session of its own, with the command line, the
+most of the suite's runs are one to four processes that end in a second or two. Here each run is forked from a
+server that imported those libraries once (multiprocessing's forkserver, which never runs a tensor operation, so the
+forks inherit no thread pool), then runs train.py as `__main__` in a session of its own, with the command line, the
 environment, the working directory and the standard streams it would have had. Everything train.py and `app/`
-import and do is theirs, as in a user's run; the processes train.py starts (the node's other ranks) are real
-`python train.py` processes. One thing differs: the fork ends with `os._exit` after the exit handlers, without the
-interpreter's own shutdown, where a library that aborts at exit would show (gloo's "terminate called ..."). The
-tests of that (tests/test_ddp.py's run, the README's commands, the launcher tests) start `python train.py` itself.
+import and do is theirs, as in a user's run.
+
+The node's other processes that train.py's early start launches (`subprocess.Popen` of train.py's own command line,
+before train.py imports anything heavy: app/job/early_start.py) are forked the same way, from that process at that
+moment, which holds the libraries and nothing else yet: each is a child of the process that started it, with the
+command line, environment and descriptors (`pass_fds`) it was given, and runs train.py again from its first line.
+The processes Lightning's launcher, torchrun or scripts/local_cluster.sh start are real `python train.py` processes.
+
+Two things differ from a new interpreter. A forked process ends with `os._exit` after the exit handlers, without the
+interpreter's own shutdown, where a library that aborts at exit would show (gloo's "terminate called ..."); and its
+command line in /proc is the forkserver's, so a test finds what a run left behind by its session, not by its
+command line. The tests of the shutdown and of the early start's command (tests/test_ddp.py's run, the README's
+commands, tests/test_early_start.py, the launcher tests) start `python train.py` itself.
 """
 
 import atexit
@@ -17,12 +26,16 @@ import multiprocessing
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
 # Libraries only: what train.py and app/ import themselves they import in each run, as a user's run does.
 LIBRARIES = ["torch", "torchvision", "lightning.pytorch", "torchmetrics", "jsonargparse", "yaml"]
+EARLY_START_MARK = "TRAIN_REPORT_FD"  # in the environment of each process the early start launches
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(LIBRARIES)
@@ -46,13 +59,22 @@ def _train(repo: str, args: list[str], env: dict[str, str], stdout: str, stderr:
     # The forkserver made this process its default way to start processes: a new interpreter's default again, with
     # which a DataLoader's workers are forked, as in a user's run, instead of importing train.py once more each.
     multiprocessing.set_start_method(None, force=True)
+    subprocess.Popen = _ForkTheEarlyStart  # before train.py runs: its early start forks (the module says why)
     os.chdir(repo)
+    _run_train_py("train.py", args, env)
+
+
+def _run_train_py(script: str, args: list[str], env: dict[str, str]) -> None:
+    """Run train.py as `python SCRIPT ARGS` would, with this environment, then end this process as Python would."""
     os.environ.clear()
     os.environ.update(env)
-    sys.argv = ["train.py", *args]
-    sys.path[0] = repo
+    # Lightning read the process's rank from the environment when the forkserver imported it (`rank_zero_only`:
+    # which process prints its messages before the processes meet); read it from this process's, as a new one would.
+    rank_zero_only.rank = _get_rank() or 0
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
-        runpy.run_path("train.py", run_name="__main__")
+        runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as error:
         code = _exit_status(error.code)
@@ -75,3 +97,45 @@ def _exit_status(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)  # sys.exit("message"): the interpreter prints it and exits with 1
     return 1
+
+
+class _ForkTheEarlyStart(subprocess.Popen):
+    """`subprocess.Popen`, except that train.py's own command line, launched by the early start, is forked from this
+    process and run as a new interpreter would run it (the module says why); every other command runs as it is."""
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest) -> None:
+        script = args[1] if len(args) > 1 else ""
+        own_command = args[0] == sys.executable and script == os.path.abspath(sys.argv[0])
+        early_start = own_command and EARLY_START_MARK in (env or {})
+        if not early_start:
+            super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _as_a_new_process(script, list(args[2:]), dict(env), pass_fds)
+        self.pid = pid
+        self._child_created = True
+
+
+def _as_a_new_process(script: str, args: list[str], env: dict[str, str], pass_fds: tuple[int, ...]) -> None:
+    """In the forked process: what Popen's child and a new interpreter would hold, then train.py from its first line."""
+    try:
+        keep = sorted({0, 1, 2, *pass_fds})
+        for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")], strict=True):  # as Popen's close_fds
+            if high > low + 1:  # (an empty range would close them all)
+                os.closerange(low + 1, high)
+        atexit._clear()  # the exit handlers of the process it was forked from are not its own
+        repo = os.path.dirname(script)
+        for name, module in list(sys.modules.items()):  # train.py's own modules import afresh, as in a new process
+            top = os.path.join(repo, name.split(".")[0])
+            own = os.path.exists(top) or os.path.exists(top + ".py")
+            if own and (getattr(module, "__file__", None) or "").startswith(top):
+                del sys.modules[name]
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    _run_train_py(script, args, env)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from app.job.early_start import processes_asked_for
-from tests.helpers import REPO, run_command, small_run, wait_for_no_process
+from tests.helpers import REPO, left_behind, run_command, run_train, small_run
 
 FAIL_IN_RANK_1 = ["--trainer.callbacks+=tests.helpers.FailToBuildOnLocalRank"]
 # Installed in every process of a run (PYTHONPATH): the process the user started may import torch only once the
@@ -38,17 +38,13 @@ if "LOCAL_RANK" not in os.environ:
 """
 
 
-@pytest.mark.parametrize("where", ["command line", "config file"])
-def test_the_other_processes_start_before_the_first_imports_torch(data_dir, tmp_path, where):
+def test_the_other_processes_start_before_the_first_imports_torch(data_dir, tmp_path):
+    """A real `python train.py` (a count from a config file starts them too: the cases below, in this process)."""
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     (tmp_path / "marks").mkdir()
-    devices = ["--devices", "2"]
-    if where == "config file":
-        (tmp_path / "two.yaml").write_text("trainer:\n  devices: 2\n")
-        devices = ["--config", str(tmp_path / "two.yaml")]
     env = {"PYTHONPATH": str(tmp_path / "site"), "TEST_MARKS": str(tmp_path / "marks")}
-    result = run_command([sys.executable, "train.py", *devices, *small_run(data_dir, tmp_path / "runs")], 240, env)
+    result = run_command([sys.executable, "train.py", *small_run(data_dir, tmp_path / "runs", devices=2)], 240, env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(path.name for path in (tmp_path / "marks").iterdir()) == [
         "started-1",
@@ -60,19 +56,18 @@ def test_the_other_processes_start_before_the_first_imports_torch(data_dir, tmp_
 
 def test_a_mistake_only_another_process_makes_before_the_meeting_is_said_once_and_ends_the_job(data_dir, tmp_path):
     marker = str(tmp_path / "runs")
-    result = run_command([sys.executable, "train.py", *small_run(data_dir, marker, *FAIL_IN_RANK_1, devices=2)], 120)
+    result = run_train(*small_run(data_dir, marker, *FAIL_IN_RANK_1, devices=2), timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith("error (rank 1): --trainer.callbacks "), result.stderr[-3000:]
     assert "planned mistake in local rank 1 alone" in errors[0]
     assert "Traceback" not in result.stderr
-    assert wait_for_no_process(marker, timeout=10) == ""
 
 
 def test_another_process_killed_before_the_meeting_is_named_and_ends_the_job(data_dir, tmp_path):
     marker = str(tmp_path / "runs")
     killed = [f"{FAIL_IN_RANK_1[0]}", "--trainer.callbacks.kill=true"]
-    result = run_command([sys.executable, "train.py", *small_run(data_dir, marker, *killed, devices=2)], 120)
+    result = run_train(*small_run(data_dir, marker, *killed, devices=2), timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -80,7 +75,6 @@ def test_another_process_killed_before_the_meeting_is_named_and_ends_the_job(dat
         r" the processes of the job met\.",
         last_line,
     ), result.stderr[-3000:]
-    assert wait_for_no_process(marker, timeout=10) == ""
 
 
 # Installed in every process of a run (PYTHONPATH): the process of local rank 1 says in a file (with its pid) that it
@@ -137,7 +131,7 @@ def test_ctrl_c_while_the_first_process_waits_for_the_others_stops_the_job_with_
         run.kill()
     assert run.returncode == 128 + signal.SIGINT, output[-3000:]
     assert "error" not in output and "Traceback" not in output, output[-3000:]
-    assert wait_for_no_process(marker, timeout=10) == ""
+    assert left_behind(marker=marker) == ""
 
 
 ROOT_CONFIG = """\

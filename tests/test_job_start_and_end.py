@@ -2,7 +2,6 @@
 for and goes on when they come, a stop while the processes wait to meet ends the job at once, and a process that
 fails after the work is done fails the job."""
 
-import contextlib
 import os
 import re
 import signal
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from app.job.rendezvous import ARRIVED_KEY
-from tests.helpers import LAUNCH_PATHS, REPO, free_port, run_train, wait_for_no_process
+from tests.helpers import LAUNCH_PATHS, REPO, TrainJob, free_port, left_behind, run_train
 from tests.test_faults import argv
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
@@ -65,12 +64,9 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
     of Ctrl-C cannot run there, and the wait lasts up to the process-group timeout (30 minutes). SIGTERM ends them by
     its default action, as a shell reports it (143)."""
     port = free_port()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     args = [*argv(data_dir, tmp_path, devices=2), "--num_nodes", "2"]
-    job = subprocess.Popen(
-        [sys.executable, "train.py", "fit", *args], cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    job = TrainJob("fit", *args, output=tmp_path / "output", env=env)
     try:
         # Each process counts itself in the job's store once it waits there (app/job/rendezvous.py): both are waiting.
         store = torch.distributed.TCPStore(
@@ -82,13 +78,12 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
             time.sleep(0.05)
         os.killpg(job.pid, stop)  # as a terminal does on Ctrl-C, or a scheduler
         output = job.communicate(timeout=30)[0]
+        left = left_behind(session=job.pid, marker=str(tmp_path))
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        job.kill()
     assert job.returncode in statuses, output[-3000:]
     assert "error" not in output and "Traceback" not in output, output[-3000:]
-    assert wait_for_no_process(str(tmp_path), timeout=10) == ""
+    assert left == ""
     assert not list(tmp_path.rglob("version_*"))  # the run's folder is claimed once the processes have met
 
 

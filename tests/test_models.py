@@ -3,7 +3,6 @@ and that a checkpoint alone classifies raw pixels."""
 
 import re
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from torch import nn
 from datamodules import MNISTDataModule
 from datamodules.mnist import DATASETS
 from models import ConvNet, SeqNet
-from tests.helpers import REPO, run_command, run_train, small_run
+from tests.helpers import REPO, run_train, small_run
 from tests.synthetic import read_idx_images, read_idx_labels
 
 
@@ -126,11 +125,11 @@ def test_a_model_added_as_a_file_under_models_trains_as_model_name(data_dir, tmp
         copy(REPO / part, program / part)
     (program / "models" / "tinynet.py").write_text(TINYNET)
     (program / "models" / "draft.py").write_text("class Draft(ImageClassifier\n")  # a file not finished yet
-    run = [sys.executable, "train.py", *small_run(data_dir, tmp_path / "runs", "--model", "TinyNet", model=None)]
-    result = run_command([*run, "--model.width", "4", "--trainer.limit_train_batches", "2"], 120, cwd=program)
+    args = small_run(data_dir, tmp_path / "runs", "--model", "TinyNet", model=None)
+    result = run_train(*args, "--model.width", "4", "--trainer.limit_train_batches", "2", timeout=120, repo=program)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "runs" / "TinyNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-    listed = run_command([sys.executable, "train.py", "--help"], 60, cwd=program)
+    listed = run_train("--help", timeout=60, repo=program)
     assert "--model names it: ConvNet, SeqNet, TinyNet." in listed.stdout
     (said,) = [line for line in listed.stderr.splitlines() if "draft.py" in line]  # one line, no traceback
     assert said.startswith("models/draft.py could not be imported (SyntaxError: ") and "Traceback" not in listed.stderr

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.helpers import REPO, free_port, run_command, run_local_cluster, run_train, wait_for_no_process
+from tests.helpers import REPO, free_port, left_behind, run_command, run_local_cluster, run_train
 from tests.test_multinode import TIMEOUT_5S, common, train_command
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
@@ -25,8 +25,7 @@ def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
     result = run_local_cluster(2, 1, *common(data_dir, tmp_path), *failing, timeout=90)  # rank 1 on node 1
     assert result.returncode != 0
     assert "planned failure on rank 1" in result.stderr
-    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, cwd=REPO).stdout
-    assert leftovers == ""
+    assert left_behind(marker=marker) == ""  # each node leads a session of its own
 
 
 def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_path):
@@ -45,29 +44,16 @@ def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_p
 
 
 def test_a_port_in_use_ends_in_one_line_and_leaves_no_rank_behind(data_dir, tmp_path):
-    marker = str(tmp_path)
     with socket.socket() as other_program:
         other_program.bind(("127.0.0.1", 0))
         other_program.listen()
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(other_program.getsockname()[1])}
-        try:
-            # No process-group kill here: rank 1 must end by itself when rank 0, its launcher, fails.
-            result = subprocess.run(
-                train_command(data_dir, tmp_path, "--devices", "2"),
-                cwd=REPO,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            leftovers = wait_for_no_process(marker, timeout=10)
-        finally:
-            subprocess.run(["pkill", "-KILL", "-f", marker])
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(other_program.getsockname()[1])}
+        # Rank 1 must end by itself when rank 0, which started it, fails: run_train fails the test if it is left.
+        result = run_train(*train_command(data_dir, tmp_path, "--devices", "2")[2:], timeout=120, env=env)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: ") and "address already in use" in last_line and "MASTER_PORT" in last_line
-    assert leftovers == ""
 
 
 def test_a_node_that_never_comes_ends_in_one_line_after_the_timeout(data_dir, tmp_path):
@@ -94,11 +80,12 @@ def test_a_killed_rank_ends_the_job_and_leaves_a_loadable_checkpoint(data_dir, t
             time.sleep(0.2)
         os.kill(int((tmp_path / "pids" / "rank1").read_text()), signal.SIGKILL)
         job.wait(timeout=60)  # well before the process group's 30-minute timeout
+        left = left_behind(marker=str(tmp_path))
     finally:
         subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)])
         job.kill()
     assert job.returncode != 0
-    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
+    assert left == ""
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)  # intact: it loads, with its weights
     assert checkpoint["epoch"] >= 0 and checkpoint["state_dict"]
 

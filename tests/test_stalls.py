@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, TrainJob, left_behind, run_train
 from tests.test_faults import CHECKPOINTS, STALL_TIMEOUT, argv, last_checkpoint
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
 
-def wait_for_files(*paths: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for_files(*paths: Path, process: subprocess.Popen | TrainJob, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not all(path.exists() for path in paths):
         assert process.poll() is None, "the job ended before it got going"
@@ -26,19 +26,15 @@ def wait_for_files(*paths: Path, process: subprocess.Popen, timeout: float = 120
         time.sleep(0.1)
 
 
-def freeze_and_wait(command: list[str], root: Path, frozen_rank: int, ranks: int, env: dict | None = None):
-    """Start the job, SIGSTOP global rank `frozen_rank` once an epoch is done, and wait for the job to end.
-    Returns its exit status and output; the job must end within 90 s of the freeze."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    job = subprocess.Popen(
-        command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
+def freeze_and_wait(job: subprocess.Popen | TrainJob, root: Path, frozen_rank: int, ranks: int):
+    """SIGSTOP global rank `frozen_rank` of the job once an epoch is done, and wait for the job to end. Returns its
+    exit status, its output and what was left of it (`left_behind`); the job must end within 90 s of the freeze."""
     try:
         pids = [root / "pids" / f"rank{rank}" for rank in range(ranks)]
         wait_for_files(*pids, root / CHECKPOINTS / "last.ckpt", process=job)  # an epoch is done: mid-training
         os.kill(int((root / "pids" / f"rank{frozen_rank}").read_text()), signal.SIGSTOP)
         output, _ = job.communicate(timeout=90)
-        return job.returncode, output
+        return job.returncode, output, left_behind(session=job.pid, marker=str(root))
     finally:
         subprocess.run(["pkill", "-KILL", "-f", str(root)])  # stopped processes die of SIGKILL too
         job.kill()
@@ -57,17 +53,12 @@ def assert_named_and_ended(output: str, rank: int) -> None:
 
 def test_a_frozen_process_is_named_and_the_job_ends(data_dir, tmp_path, launch):
     pid = "--trainer.callbacks+=tests.helpers.RecordPid"
-    command = [
-        sys.executable,
-        "train.py",
-        *argv(data_dir, tmp_path, pid, *STALL_TIMEOUT, *launch),
-        "--trainer.max_epochs",
-        "100",
-    ]
-    status, output = freeze_and_wait(command, tmp_path, frozen_rank=1, ranks=2)
+    args = [*argv(data_dir, tmp_path, pid, *STALL_TIMEOUT, *launch), "--trainer.max_epochs", "100"]
+    job = TrainJob(*args, output=tmp_path / "output")
+    status, output, left = freeze_and_wait(job, tmp_path, frozen_rank=1, ranks=2)
     assert status == 1, output[-3000:]
     assert_named_and_ended(output, 1)
-    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""  # the frozen one too
+    assert left == ""  # the frozen one too
     assert last_checkpoint(tmp_path)["state_dict"]  # intact: it loads
 
 
@@ -77,12 +68,15 @@ def test_a_frozen_global_rank_0_is_named_and_every_node_ends(data_dir, tmp_path,
     the job's store, so the other node hears nothing at all from it."""
     pid = "--trainer.callbacks+=tests.helpers.RecordPid"
     args = [*argv(data_dir, tmp_path, pid, *STALL_TIMEOUT, devices=1), "--trainer.max_epochs", "100"]
-    command = ["scripts/local_cluster.sh", "2", "1", "--", *args]
-    env = {"LAUNCHER": launcher, "PYTHON": sys.executable}
-    status, output = freeze_and_wait(command, tmp_path, frozen_rank=0, ranks=2, env=env)
+    env = {**os.environ, "LAUNCHER": launcher, "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    job = subprocess.Popen(
+        ["scripts/local_cluster.sh", "2", "1", "--", *args], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    status, output, left = freeze_and_wait(job, tmp_path, frozen_rank=0, ranks=2)
     assert status != 0, output[-3000:]
     assert_named_and_ended(output, 0)
-    assert subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout == b""
+    assert left == ""
 
 
 def test_a_slow_validation_on_one_rank_is_not_taken_for_a_stall(data_dir, tmp_path):
