@@ -122,7 +122,8 @@ def start_train(
 
 class TrainJob:
     """`python train.py ARGS` started by `start_train`, with what the tests use of `subprocess.Popen`'s handle (`pid`,
-    `poll`, `communicate`, `returncode`), its standard output and error in one file. `kill` ends its session."""
+    `poll`, `communicate`, `returncode`), its standard output and error in one file. `kill` ends its process group
+    (the forks of its early start are in it)."""
 
     def __init__(self, *args: str, output: Path, env: dict[str, str] | None = None, repo: Path = REPO) -> None:
         self.args = args

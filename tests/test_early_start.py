@@ -39,7 +39,7 @@ if "LOCAL_RANK" not in os.environ:
 
 
 def test_the_other_processes_start_before_the_first_imports_torch(data_dir, tmp_path):
-    """A real `python train.py` (a count from a config file starts them too: the cases below, in this process)."""
+    """In a real `python train.py` (the counts that start them, from the command line or a config file: below)."""
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     (tmp_path / "marks").mkdir()
@@ -55,8 +55,7 @@ def test_the_other_processes_start_before_the_first_imports_torch(data_dir, tmp_
 
 
 def test_a_mistake_only_another_process_makes_before_the_meeting_is_said_once_and_ends_the_job(data_dir, tmp_path):
-    marker = str(tmp_path / "runs")
-    result = run_train(*small_run(data_dir, marker, *FAIL_IN_RANK_1, devices=2), timeout=120)
+    result = run_train(*small_run(data_dir, tmp_path / "runs", *FAIL_IN_RANK_1, devices=2), timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith("error (rank 1): --trainer.callbacks "), result.stderr[-3000:]
@@ -65,9 +64,8 @@ def test_a_mistake_only_another_process_makes_before_the_meeting_is_said_once_an
 
 
 def test_another_process_killed_before_the_meeting_is_named_and_ends_the_job(data_dir, tmp_path):
-    marker = str(tmp_path / "runs")
     killed = [f"{FAIL_IN_RANK_1[0]}", "--trainer.callbacks.kill=true"]
-    result = run_train(*small_run(data_dir, marker, *killed, devices=2), timeout=120)
+    result = run_train(*small_run(data_dir, tmp_path / "runs", *killed, devices=2), timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -127,11 +125,12 @@ def test_ctrl_c_while_the_first_process_waits_for_the_others_stops_the_job_with_
         else:  # the first process, in init_process_group, learns it only from rank 1's end
             os.kill(int((marks / "rank-1-waits").read_text()), signal.SIGINT)
         output = "".join(seen) + run.communicate(timeout=60)[0]
+        left = left_behind(marker=marker)
     finally:
         run.kill()
     assert run.returncode == 128 + signal.SIGINT, output[-3000:]
     assert "error" not in output and "Traceback" not in output, output[-3000:]
-    assert left_behind(marker=marker) == ""
+    assert left == ""
 
 
 ROOT_CONFIG = """\

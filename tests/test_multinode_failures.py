@@ -25,7 +25,7 @@ def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
     result = run_local_cluster(2, 1, *common(data_dir, tmp_path), *failing, timeout=90)  # rank 1 on node 1
     assert result.returncode != 0
     assert "planned failure on rank 1" in result.stderr
-    assert left_behind(marker=marker) == ""  # each node leads a session of its own
+    assert left_behind(marker=marker) == ""  # the nodes lead sessions of their own, which local_cluster.sh ends
 
 
 def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_path):
