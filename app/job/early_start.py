@@ -149,6 +149,11 @@ def _own_command() -> list[str]:
     return [sys.executable, "-m", __main__.__spec__.name, *sys.argv[1:]]
 
 
+def _as_a_shell_reports(status: int) -> int:
+    """An exit status as a shell reports it: a process ended by signal N (status -N) as 128 + N (130, 143)."""
+    return status if status >= 0 else 128 - status
+
+
 def _status(status: int) -> str:
     return f"{status} (killed by signal {-status})" if status < 0 else str(status)
 
@@ -268,7 +273,7 @@ class NodeProcesses:
             self._end_unless_leaving(local_rank, process, status)
             return
         if status in STOPPED:  # Ctrl-C or SIGTERM before the meeting: the job stops, as one process would, silently
-            self.end_job(status if status > 0 else 128 - status)  # 130 or 143, as a shell reports them
+            self.end_job(_as_a_shell_reports(status))
         os.set_blocking(report, False)
         message = b""
         try:
@@ -303,7 +308,7 @@ class NodeProcesses:
         if (not said_why and self.killed_ones_are_named) or self.leaving.wait(self.lost_process_grace_s):
             return
         if status in STOPPED:
-            self.end_job(status if status > 0 else 128 - status)
+            self.end_job(_as_a_shell_reports(status))
         self.end_job(
             1,
             ""
@@ -378,7 +383,7 @@ class NodeProcesses:
             return
         local_rank, process, status = failed
         if status in STOPPED:  # Ctrl-C or SIGTERM: the job was stopped, as a shell reports it
-            sys.exit(status if status > 0 else 128 - status)
+            sys.exit(_as_a_shell_reports(status))
         if status != 1:
             ended = f"ended with exit status {_status(status)}" if status is not None else "did not end; it was killed"
             print(
