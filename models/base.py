@@ -92,10 +92,18 @@ class ImageClassifier(LightningModule):
         """Apply the speed options to the network that the subclass built; Lightning calls this before each stage."""
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
-            if self._trainer is not None and self.trainer.strategy.root_device.type == "cuda":
+            if self._trained_on_a_gpu():
                 self._plain_strides_where_both_layouts_agree()
         if self.hparams.compile:
             self.net.compile(mode=None if self.hparams.compile is True else self.hparams.compile)
+
+    def _trained_on_a_gpu(self) -> bool:
+        """Whether the Trainer this module is attached to puts it on a GPU; not attached to one: no."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached: configure_model called by hand (benchmarks/ddp_paths.py)
+            return False
+        return trainer.strategy.root_device.type == "cuda"
 
     def _plain_strides_where_both_layouts_agree(self) -> None:
         """On a GPU, a weight that is the same in both layouts (the first convolution's: one input channel) keeps the
