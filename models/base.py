@@ -15,6 +15,10 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 NUM_CLASSES = 10
 
 
+class NormalisationUnknown(RuntimeError):
+    """A model asked for figures before it knows how its inputs are normalised (untrained, and no statistics)."""
+
+
 class ImageClassifier(LightningModule):
     """Base class of `SeqNet` and `ConvNet`: raw images in, logits out; subclasses build `self.net`, mapping
     normalised (N, 1, 28, 28) images to logits.
@@ -23,9 +27,10 @@ class ImageClassifier(LightningModule):
     training set's mean and standard deviation (`pixel_mean`, `pixel_std`, of pixels scaled to [0, 1]). Left out,
     `setup` takes them from the datamodule when fitting starts (`MNISTDataModule.mean`, `.std`). They are
     hyperparameters, so a checkpoint is a complete classifier of raw pixels: `predict`, `export` (Lightning's
-    `to_onnx`), `SeqNet.load_from_checkpoint`, LightningCLI's `test --ckpt_path` (which restores the
-    hyperparameters) and a user's own code need nothing else. (As buffers they would be in the state dict too, but
-    DDP would broadcast them before every step: 7-12% of SeqNet's step on 2 CPU processes.)
+    `to_onnx`), `SeqNet.load_from_checkpoint` and a user's own code need nothing else, and a Trainer given the
+    checkpoint (`test --ckpt_path`, however it is named) takes them from it (`on_load_checkpoint`). A model that
+    knows none refuses to compute (`NormalisationUnknown`) rather than guess. (As buffers they would be in the state
+    dict too, but DDP would broadcast them before every step: 7-12% of SeqNet's step on 2 CPU processes.)
     Batches travel to the device as uint8, a quarter of the bytes of float32, and become floats there, in `forward`.
 
     The optimizer and the optional LR scheduler are constructor arguments, so the CLI chooses them
@@ -88,6 +93,14 @@ class ImageClassifier(LightningModule):
         if stage == "fit" and self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
             self.hparams.pixel_mean, self.hparams.pixel_std = datamodule.mean, datamodule.std
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """The weights come with the normalisation they were trained with: whichever way the module was built (a
+        run's `config.yaml`, which holds no statistics when the run started without them, or other settings), a
+        checkpoint's statistics replace its own, so one checkpoint gives one answer however it is named."""
+        saved = checkpoint.get("hyper_parameters") or {}
+        if saved.get("pixel_mean") is not None:
+            self.hparams.pixel_mean, self.hparams.pixel_std = saved["pixel_mean"], saved["pixel_std"]
+
     def configure_model(self) -> None:
         """Apply the speed options to the network that the subclass built; Lightning calls this before each stage."""
         if self.hparams.channels_last:
@@ -115,8 +128,14 @@ class ImageClassifier(LightningModule):
                 parameter.data = parameter.data.clone(memory_format=torch.contiguous_format)
 
     def forward(self, images: Tensor) -> Tensor:
-        """uint8 images (N, 28, 28) -> logits (N, 10). Before any statistics are set, pixels are scaled to [0, 1]."""
-        mean, std = self.hparams.pixel_mean or 0.0, self.hparams.pixel_std or 1.0
+        """uint8 images (N, 28, 28) -> logits (N, 10), normalised with `pixel_mean` and `pixel_std`."""
+        mean, std = self.hparams.pixel_mean, self.hparams.pixel_std
+        if mean is None or std is None:  # a guess would give confident, wrong figures
+            raise NormalisationUnknown(
+                f"{type(self).__name__} does not know the normalisation of its inputs (pixel_mean, pixel_std): it was"
+                " neither trained nor loaded from a checkpoint. Load trained weights (load_from_checkpoint, or"
+                " --ckpt_path), fit it, or give pixel_mean and pixel_std."
+            )
         images = (images.unsqueeze(1).to(self.dtype) / 255 - mean) / std  # float32, or --trainer.precision's
         if self.hparams.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)

@@ -14,13 +14,14 @@ from torch import nn
 from datamodules import MNISTDataModule
 from datamodules.mnist import DATASETS
 from models import ConvNet, SeqNet
+from models.base import NormalisationUnknown
 from tests.helpers import REPO, run_train, small_run
 from tests.synthetic import read_idx_images, read_idx_labels
 
 
 @pytest.mark.parametrize(("model_class", "parameters"), [(SeqNet, 199_210), (ConvNet, 225_226)])
 def test_networks_have_the_tutorials_sizes_and_output_ten_logits(model_class, parameters):
-    model = model_class()
+    model = model_class(pixel_mean=0.5, pixel_std=0.25)
     assert sum(p.numel() for p in model.parameters()) == parameters
     assert model(torch.zeros(4, 28, 28, dtype=torch.uint8)).shape == (4, 10)  # raw pixels, as the IDX files hold
 
@@ -28,8 +29,13 @@ def test_networks_have_the_tutorials_sizes_and_output_ten_logits(model_class, pa
 @pytest.mark.parametrize("model_class", [SeqNet, ConvNet])
 def test_a_network_in_double_precision_takes_raw_pixels_too(model_class):
     """`--trainer.precision 64`: Lightning makes the weights float64; the pixels follow them."""
-    model = model_class().double()
+    model = model_class(pixel_mean=0.5, pixel_std=0.25).double()
     assert model(torch.zeros(2, 28, 28, dtype=torch.uint8)).dtype == torch.float64
+
+
+def test_a_network_that_knows_no_normalisation_refuses_to_compute():
+    with pytest.raises(NormalisationUnknown, match="neither trained nor loaded from a checkpoint"):
+        SeqNet()(torch.zeros(2, 28, 28, dtype=torch.uint8))
 
 
 def test_seqnet_has_no_log_softmax_inside_and_uses_sigmoid():

@@ -49,7 +49,7 @@ from app.run.continuation import (
     refuse_weights_that_do_not_fit,
 )
 from app.run.dashboard import Dashboard
-from app.run.folder import CHECKPOINTS, RunFolder, checkpoint_folders, is_run, run_name
+from app.run.folder import CHECKPOINTS, DEFAULT_ROOT, RunFolder, checkpoint_folders, is_run, run_name
 from app.run.global_batch import GlobalBatchInfo
 from app.run.model_summary import NetworkSummary
 from app.run.predictions import PredictionWriter
@@ -72,8 +72,6 @@ stage, 'export' writes a trained model as ONNX or TorchScript. --devices and --n
   {train} export --ckpt_path CKPT --format onnx --output model.onnx
 
 Every option: {train} fit --help (export's: {train} export --help)"""
-
-DEFAULT_ROOT = "runs"
 
 
 def trainer_defaults() -> dict:
@@ -410,6 +408,7 @@ class TrainCLI(LightningCLI):
         anything is written: a refused command leaves every folder as it was. Then global rank 0 takes the run it
         continues."""
         check_launcher(self.trainer)
+        self._refuse_untrained_weights()
         continuing = self._continuing()
         if continuing:
             silence_a_continuation()
@@ -429,6 +428,16 @@ class TrainCLI(LightningCLI):
         if self.start is not None:
             self._say_where_it_starts()
         self.node.checked.set()  # from here, a mistake met by a process train.py started early is its own
+
+    def _refuse_untrained_weights(self) -> None:
+        """`test`, `validate` and `predict` evaluate the weights `--ckpt_path` names; without it they would evaluate a
+        model that was never trained, and print and log its figures as if they meant something."""
+        if self.subcommand == "fit" or self._setting("ckpt_path"):
+            return
+        raise UserError(
+            f"{self.subcommand} needs trained weights: without --ckpt_path it would evaluate an untrained model. Add"
+            f" --ckpt_path last (the latest run in {self._runs_of_model()}), a run's folder, or a checkpoint file."
+        )
 
     def _continuing(self) -> bool:
         """Whether this command continues a run in its folder (`fit --ckpt_path last`, or a run's folder)."""

@@ -2,6 +2,10 @@
 
     python train.py export --ckpt_path CKPT --format onnx --output model.onnx
     python train.py export --ckpt_path CKPT --format torchscript --output model.pt
+    python train.py export --ckpt_path last --model ConvNet --data.dataset mnist --format onnx --output model.onnx
+
+CKPT is a checkpoint file or a run's folder (its last checkpoint); `last` is the latest run of `--model` on
+`--data.dataset` under `--trainer.default_root_dir`, as for `test --ckpt_path last`.
 
 The exported model takes raw images as the IDX files hold them, a uint8 tensor (N, 28, 28) for any N, and returns
 logits (N, 10): the dataset's normalisation is inside it, so a user feeds pixels and nothing else. The ONNX file
@@ -17,6 +21,8 @@ import torch
 
 from app.command_line.invocation import train_py
 from app.run.checkpoints import read_checkpoint, saved_model_class
+from app.run.continuation import find_start
+from app.run.folder import DEFAULT_ROOT, run_name
 from datamodules.mnist import MNISTDataModule
 from models import ImageClassifier, model_names
 
@@ -44,9 +50,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         description=__doc__.replace("python train.py", train_py()),
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the examples, each on its line
     )
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by train.py")
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by train.py, a run's folder, or last")
     parser.add_argument("--format", required=True, help="onnx or torchscript")
     parser.add_argument("--output", required=True, help="the file to write")
+    # What `--ckpt_path last` looks for, with train.py's names and defaults
+    parser.add_argument("--model", default="SeqNet", help="with last: the model of the run (default: SeqNet)")
+    parser.add_argument("--data.dataset", dest="dataset", default="fashion_mnist", help="with last: its dataset")
+    parser.add_argument("--trainer.default_root_dir", dest="root", default=DEFAULT_ROOT, help="with last: its root")
     args = parser.parse_args(argv)
     if args.format not in FORMATS:
         raise ExportError(f"--format {args.format}: unknown format; choose onnx or torchscript.")
@@ -70,8 +80,14 @@ def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
     return model.eval(), MNISTDataModule(dataset=dataset).class_names, dataset
 
 
+def checkpoint_named(args: argparse.Namespace) -> Path:
+    """The file `--ckpt_path` names, found as `test` finds it: `last`, a run's folder, or a file."""
+    start = find_start(args.ckpt_path, "export", Path(args.root) / run_name(args.model, args.dataset), Path(args.root))
+    return Path(args.ckpt_path) if start is None else start.checkpoint
+
+
 def export(args: argparse.Namespace) -> Path:
-    model, class_names, dataset = load(Path(args.ckpt_path))
+    model, class_names, dataset = load(checkpoint_named(args))
     output = Path(args.output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from lightning.pytorch import Callback
 
 from app.command_line.errors import UserError
 
+DEFAULT_ROOT = "runs"  # --trainer.default_root_dir: where the runs are
 RECORD = "config.yaml"
 CONTINUED_RECORD = re.compile(r"config-continued-(\d+)\.yaml")
 VERSION = re.compile(r"version_(\d+)")

@@ -1,0 +1,76 @@
+"""One checkpoint, one answer: `test`, `validate`, `predict` and `export` of one checkpoint give the same figures,
+predictions and model whether it is named as its file, as its run's folder or as `last`, on any number of processes.
+
+The run's `config.yaml` holds no normalisation (it is taken from the data when fitting starts): a model built from
+it, and not from the checkpoint's own settings, evaluated its weights on unnormalised pixels."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.main import main
+from tests.helpers import run_train
+
+COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.val_size", "200")
+
+
+@pytest.fixture(scope="module")
+def run(checkpoint, tmp_path_factory) -> Path:
+    """A copy of the session's trained run, alone in a root of its own: `last` there is its last.ckpt."""
+    best, _ = checkpoint
+    run = tmp_path_factory.mktemp("forms") / "runs" / "SeqNet-mnist" / "version_0"
+    shutil.copytree(best.parents[1], run, ignore=shutil.ignore_patterns("test", "predict", "validate"))
+    return run
+
+
+def forms(run: Path) -> dict[str, tuple[str, ...]]:
+    """Each way of naming the run's last checkpoint, with the options it needs, and the processes it runs on."""
+    root = ("--trainer.default_root_dir", str(run.parents[1]))
+    return {
+        "file": ("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *root, "--devices", "1"),
+        "run folder": ("--ckpt_path", str(run), *root, "--devices", "2"),
+        "last": ("--ckpt_path", "last", "--model", "SeqNet", "--data.dataset", "mnist", *root, "--devices", "2"),
+    }
+
+
+def finished_line(output: str) -> str:
+    (line,) = [line for line in output.splitlines() if line.startswith("Finished:")]
+    return line
+
+
+@pytest.mark.parametrize("stage", ["test", "validate", "predict"])
+def test_each_way_of_naming_a_checkpoint_gives_the_same_figures(run, data_dir, tmp_path, stage):
+    answers = {}
+    for form, argv in forms(run).items():
+        predictions = ("--predictions.path", str(tmp_path / f"{form}.csv")) if stage == "predict" else ()
+        result = run_train(stage, "--data.data_dir", str(data_dir), *COMMON, *argv, *predictions)
+        assert result.returncode == 0, f"{form}: {result.stderr[-3000:]}"
+        output = result.stdout + result.stderr
+        answers[form] = (tmp_path / f"{form}.csv").read_text() if stage == "predict" else finished_line(output)
+    assert answers["run folder"] == answers["file"]
+    assert answers["last"] == answers["file"]
+
+
+def test_each_way_of_naming_a_checkpoint_exports_the_same_model(run, tmp_path, capsys):
+    exported = {}
+    for form, argv in forms(run).items():
+        options = argv[: argv.index("--devices")]  # export runs in one process
+        output = tmp_path / f"{form}.onnx"
+        main(["export", *options, "--format", "onnx", "--output", str(output)])
+        assert capsys.readouterr().out.strip().splitlines()[-1] == f"Exported: {output}"
+        exported[form] = output.read_bytes()
+    assert exported["run folder"] == exported["file"]
+    assert exported["last"] == exported["file"]
+
+
+@pytest.mark.parametrize("stage", ["test", "validate", "predict"])
+def test_an_evaluation_without_a_checkpoint_is_refused_in_one_line(data_dir, tmp_path, stage):
+    result = run_train(stage, "--data.data_dir", str(data_dir), *COMMON, "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {stage} needs trained weights: without --ckpt_path it would evaluate an untrained model. Add"
+        f" --ckpt_path last (the latest run in {tmp_path / 'SeqNet-fashion_mnist'}), a run's folder, or a checkpoint"
+        " file."
+    )
+    assert not list(tmp_path.iterdir())  # nothing written
