@@ -18,6 +18,7 @@
 # that join it.
 # RDZV_CONF: torchrun's --rdzv-conf; by default a node lost is noticed within 3 s and a rendezvous closes 2 s after
 # its minimum is there (torch's defaults: 15 s and 30 s, for real networks).
+# NODE_ARGS_K: more train.py arguments for node K alone (split on spaces), as when one node's command line was edited.
 # Otherwise the script waits for all nodes; when one fails, it ends every process of every node and exits with that
 # node's status.
 set -uo pipefail
@@ -49,8 +50,10 @@ for ((node = first; node < first + nodes; node++)); do
   shape=(--devices "$devices" --num_nodes "$nodes")
   [ "$elastic" = 1 ] && shape=()
   # setsid: each node is a process group of its own, so that it can be ended with all the processes it started.
+  node_args=NODE_ARGS_$node
+  read -ra node_args <<<"${!node_args:-}"
   MASTER_ADDR=$addr MASTER_PORT=$port NODE_RANK=$node setsid "${command[@]}" \
-    "${shape[@]}" --trainer.accelerator cpu "$@" &
+    "${shape[@]}" --trainer.accelerator cpu "$@" "${node_args[@]}" &
   pids+=($!)
 done
 

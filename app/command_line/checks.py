@@ -4,6 +4,8 @@ Lightning finds most of these too, but only after the processes have met: with a
 for a folder it cannot write, after the time spent training.
 """
 
+import errno
+import os
 import tempfile
 from pathlib import Path
 
@@ -81,14 +83,16 @@ def check_sync_batchnorm(trainer: Trainer, sync_batchnorm: bool) -> None:
 
 
 def check_writable(option: str, folder: str | Path) -> None:
-    """Create `folder` if needed and write a file there, or say in one line why that cannot be done.
-
-    A folder under a file, on a read-only disk or without permission would otherwise fail in the middle of the run.
+    """Say in one line why `folder` cannot be written, where it cannot: a folder under a file, on a read-only disk or
+    without permission would otherwise fail in the middle of the run. Nothing is created: the nearest folder that
+    exists takes a nameless file (gone when closed), and the run makes its folders once it goes ahead.
     """
     folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        existing = next(path for path in (folder, *folder.parents) if path.exists())
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         reason = error.strerror or type(error).__name__

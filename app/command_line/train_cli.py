@@ -34,6 +34,7 @@ from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_o
 from app.command_line.invocation import tool, train_py
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
+from app.command_line.same_settings import COMMAND, STARTS_FROM, SameSettings
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
 from app.job.fault_guard import FaultGuard
 from app.job.launcher_shape import LauncherShape, launcher_shape
@@ -265,8 +266,8 @@ class TrainCLI(LightningCLI):
             with self._errors_named_by_option(), meeting, self.node.ctrl_c_ends_the_meeting():
                 super()._run_subcommand(subcommand)
         except BaseException:
-            if subcommand == "fit" and self.run is not None and not self.run.trained and trainer.global_rank == 0:
-                self.run.undo()  # a run, or a continuation, that failed or was stopped before its first step
+            if self.run is not None and not self.run.started and trainer.global_rank == 0:
+                self.run.undo()  # a run, continuation or evaluation that failed or was stopped before its first step
             raise
 
     @contextmanager
@@ -339,6 +340,7 @@ class TrainCLI(LightningCLI):
                     header += "\nChanged: " + ", ".join(map(str, self.start.changes))
         self.save_config_kwargs = {"run": self.run, "header": header, "overwrite": False}
         trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, SameSettings(self._settings_every_node_shares))  # before anything is written
         for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
             guard.node = self.node  # it watches the processes of this node once they have met
         if self.run is not None:
@@ -348,6 +350,17 @@ class TrainCLI(LightningCLI):
         if trainer_config["enable_model_summary"] is False:  # Lightning turns off its own summary only
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, NetworkSummary)]
         return trainer
+
+    def _settings_every_node_shares(self) -> dict:
+        """What the nodes of a job must agree on (`SameSettings`): the settings the command runs with, what it runs,
+        and the step of the checkpoint it starts from (its path may differ from node to node)."""
+        settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
+        settings[COMMAND] = "none (fit, then test)" if self.test_after_fit else self.subcommand
+        if self.start is not None:
+            settings[STARTS_FROM] = f"step {self.start.contents.get('global_step', 0)}"
+        else:  # none, or a name Lightning resolves (best, a registry's)
+            settings[STARTS_FROM] = self._setting("ckpt_path")
+        return settings
 
     def _folder_to_write(self, root: Path) -> RunFolder:
         """Where this command writes: a run continued, its own folder; a new run, the next `version_N` of

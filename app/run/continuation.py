@@ -40,7 +40,7 @@ class Change:
 
     def __str__(self) -> str:
         lr = f" (lr {self.lr:g})" if self.lr is not None else ""
-        return f"{self.option} {_shown(self.before)} -> {_shown(self.after)}{lr}"
+        return f"{self.option} {shown(self.before)} -> {shown(self.after)}{lr}"
 
 
 @dataclass
@@ -186,7 +186,7 @@ def refuse_another_class(start: Start) -> None:
     """`--model` naming another class than the checkpoint's: one line, whichever way it started."""
     for change in start.changes:
         if change.option == "--model":
-            saved, chosen = _shown(change.before), _shown(change.after)
+            saved, chosen = shown(change.before), shown(change.after)
             raise UserError(
                 f"--ckpt_path {start.run or start.checkpoint} holds a {saved}, but --model names {chosen}: leave"
                 f" --model out (the checkpoint's model is used), or give a checkpoint of {chosen}."
@@ -200,8 +200,8 @@ def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> No
     changed += [change for change in start.changes if change.option in DATA_OF_THE_RUN]
     if not changed:
         return
-    said = " and ".join(f"{change.option} {_shown(change.after)}" for change in changed)
-    was = " and ".join(f"{change.option} {_shown(change.before)}" for change in changed)
+    said = " and ".join(f"{change.option} {shown(change.after)}" for change in changed)
+    was = " and ".join(f"{change.option} {shown(change.before)}" for change in changed)
     source = start.record or start.checkpoint
     raise UserError(
         f"{said} does not fit the run it continues: {start.run} was built with {was}. A run continues with the model"
@@ -220,7 +220,7 @@ def refuse_weights_that_do_not_fit(model: nn.Module, start: Start, training_sett
         return
     model_name = type(model).__name__
     if changed := model_changes(start.changes, training_settings):
-        said = " and ".join(f"{c.option} {_shown(c.after)} (the checkpoint's: {_shown(c.before)})" for c in changed)
+        said = " and ".join(f"{c.option} {shown(c.after)} (the checkpoint's: {shown(c.before)})" for c in changed)
         raise UserError(
             f"--ckpt_path {start.checkpoint} holds the weights of another {model_name} than {said} builds. Leave"
             f" {' and '.join(c.option for c in changed)} out: the checkpoint's settings are the defaults."
@@ -237,11 +237,12 @@ def refuse_weights_that_do_not_fit(model: nn.Module, start: Start, training_sett
     )
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A setting's value as the command line takes it."""
     if isinstance(value, bool):
         return str(value).lower()  # as the command line takes it
     if isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split(".")):
         return value.rsplit(".", 1)[-1]  # a class path: its class
     if isinstance(value, list) and all(isinstance(item, dict) and "class_path" in item for item in value):
-        return "[" + ", ".join(_shown(item["class_path"]) for item in value) + "]"
+        return "[" + ", ".join(shown(item["class_path"]) for item in value) + "]"
     return "null" if value is None else str(value)

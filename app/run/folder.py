@@ -12,6 +12,7 @@ continuation (its settings, with what it changed in a comment at the top), `chec
 and `hparams.yaml`, and one folder per evaluation of its checkpoints (`test/version_N`, `predict/version_N`, ...).
 """
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import yaml
 from lightning.pytorch import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 
 from app.command_line.errors import UserError
 
@@ -41,16 +43,17 @@ class RunFolder(Callback):
     continues. Global rank 0 takes a run it continues before the processes meet (a lock, nothing written), and claims
     a new folder once they have met, when the first file is about to be written: a command refused before, or
     stopped while it waits for a node, leaves nothing behind. The other ranks never touch it (Lightning broadcasts
-    rank 0's folders to them). As a callback of the Trainer it notes when training starts: what a run that fails
-    before is taken back (`undo`)."""
+    rank 0's folders to them). As a callback of the Trainer it notes when the command's work starts (training, or the
+    evaluation): what a command that fails before is taken back (`undo`)."""
 
     def __init__(self, parent: Path, path: Path | None = None) -> None:
         self.parent = parent
-        self.trained = False  # a training batch has started
+        self.started = False  # a batch of the command's own stage has started: training, or the evaluation
         self.path = path  # known from the start when continuing a run; claimed by `claim` otherwise
         self.continued = path is not None
         self._lock: int | None = None
         self._there_before: set[Path] = set()  # what a run that is continued held when this process took it
+        self._made: list[Path] = []  # the folders `claim` made above the run's, innermost first
 
     @property
     def version(self) -> int | str | None:
@@ -65,6 +68,7 @@ class RunFolder(Callback):
         safe against any number of processes doing the same at the same moment."""
         if self.path is not None:
             return self.path
+        self._made = [folder for folder in (self.parent, *self.parent.parents) if not folder.exists()]
         self.parent.mkdir(parents=True, exist_ok=True)
         number = max(versions(self.parent), default=-1) + 1
         while True:
@@ -87,7 +91,16 @@ class RunFolder(Callback):
         self._there_before = set(self.path.rglob("*"))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self.trained = True
+        self.started = True
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.started = self.started or trainer.state.fn == TrainerFn.VALIDATING  # not fit's validation
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.started = True
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.started = True
 
     def undo(self) -> None:
         """Remove what this process wrote (a record of settings, an event file): a run that fails before its first
@@ -98,6 +111,9 @@ class RunFolder(Callback):
         if not self.continued:
             shutil.rmtree(self.path)
             self.path = None
+            for folder in self._made:  # and the folders it made to hold it, unless something else is there now
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
             return
         for path in sorted(set(self.path.rglob("*")) - self._there_before, key=lambda p: len(p.parts), reverse=True):
             if path.is_dir() and not path.is_symlink():
