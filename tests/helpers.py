@@ -444,6 +444,18 @@ class SigtermAfterStep(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SigtermMidWindow(Callback):
+    """Test instrument: global rank `rank` sends itself SIGTERM after batch `batch` of epoch `epoch` (by default
+    the second of the three batches whose gradients one optimizer step accumulates), once."""
+
+    def __init__(self, rank: int = 1, epoch: int = 1, batch: int = 4) -> None:
+        self.rank, self.epoch, self.batch = rank, epoch, batch
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if (trainer.global_rank, trainer.current_epoch, batch_idx) == (self.rank, self.epoch, self.batch):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class SigtermInEvaluation(Callback):
     """Test instrument: the process of global rank 0 sends itself SIGTERM at the start of the first test, validation
     or prediction batch (not the sanity check's), as a scheduler's time limit would."""
@@ -502,6 +514,18 @@ class SlowValidation(Callback):
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank == 0 and not trainer.sanity_checking:
             time.sleep(self.seconds)
+
+
+class MoreEpochsOnRank(Callback):
+    """Test instrument: global rank `rank` trains `epochs` epochs whatever --trainer.max_epochs says, as a node
+    whose settings differ in a way no comparison sees: the others go on to the test while it still trains."""
+
+    def __init__(self, rank: int = 1, epochs: int = 2) -> None:
+        self.rank, self.epochs = rank, epochs
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank == self.rank:
+            trainer.fit_loop.max_epochs = self.epochs
 
 
 class NoSpaceAfterEpoch(Callback):

@@ -92,6 +92,25 @@ def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(
     assert scalars(root / CHECKPOINTS.parent)["val/acc"] == uninterrupted["val/acc"]  # one curve, as if never stopped
 
 
+def test_a_stop_inside_an_accumulated_step_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path):
+    """Plain SGD, 3 batches a step (10 batches an epoch: steps end after batches 3, 6, 9 and 10), a check after
+    every step, SIGTERM after the second batch of a step: the stop waits for that step, whose gradients a
+    checkpoint could not hold."""
+    sgd = ("--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.1", "--model.one_cycle", "false")
+    accumulate = ("--trainer.accumulate_grad_batches", "3", "--fault_guard.every_n_steps", "1", *sgd)
+    never_stopped = run_train("fit", *argv(data_dir, tmp_path / "never", *accumulate))
+    assert never_stopped.returncode == 0, never_stopped.stderr[-3000:]
+    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermMidWindow",)
+    stopped = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, *sigterm))
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Stopped by SIGTERM in epoch 1, after step 6;" in stopped.stdout + stopped.stderr  # 4 + 2 steps
+    resumed = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, "--ckpt_path", "last"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final, expected = last_checkpoint(tmp_path / "stopped"), last_checkpoint(tmp_path / "never")
+    assert final["global_step"] == expected["global_step"] == 8
+    assert max_difference(final["state_dict"], expected["state_dict"]) < 1e-4
+
+
 def test_a_stop_continues_exactly_with_dataloader_workers_too(data_dir, tmp_path, uninterrupted):
     """With a worker process each, the loader asks for batches ahead as soon as it is made, which on resume is
     before Lightning sets the continued epoch: the position must bring its epoch along."""

@@ -41,9 +41,11 @@ def client(store: dist.TCPStore, prefix: str = "stage/") -> dist.Store:
 class Watcher:
     """Rank 0's heartbeats, with the end of the job recorded instead of done."""
 
-    def __init__(self, store: dist.Store, rank: int = 0) -> None:
+    def __init__(self, store: dist.Store, rank: int = 0, where=list) -> None:
         self.ended = threading.Event()
-        self.beats = Heartbeats(rank, 2, LIMIT_S, store, on_stall=lambda: "nothing kept", end_job=self._end)
+        self.beats = Heartbeats(
+            rank, 2, LIMIT_S, store, on_stall=lambda: "nothing kept", where=where, end_job=self._end
+        )
 
     def _end(self, status: int) -> None:
         self.status = status
@@ -151,3 +153,56 @@ def test_under_torchrun_a_silent_store_names_the_ranks_of_its_host_and_never_thi
     (named,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Global rank")]
     assert named.startswith("Global rank 0 (pid 12345 on ") and " 1 (pid" not in named, named  # not this one
     assert killed == [12345]  # rank 0, never this process
+
+
+def test_processes_that_answer_but_wait_in_different_stages_are_named_with_where_they_stand(store, capsys):
+    """Rank 0 went on to the test while rank 1 still trains its second epoch: both beat, neither moves."""
+    ranks = [
+        Watcher(client(store), 0, lambda: ["test", "test", 1, 10, 25]),
+        Watcher(client(store), 1, lambda: ["fit", "train", 1, 11, 11]),
+    ]
+    for watcher in ranks:
+        watcher.beats.start()
+    assert all(watcher.ended.wait(LIMIT_S * 20) for watcher in ranks), "the deadlock was never named"
+    said = capsys.readouterr()
+    (line,) = [line for line in said.out.splitlines() if line.startswith("The processes")]
+    assert line.startswith("The processes of the job wait for each other in different places, none moved for ")
+    assert line.endswith(
+        f"global rank 0 (pid {os.getpid()} on {socket.gethostname()}) is in test, epoch 1, step 10; global rank 1"
+        f" (pid {os.getpid()} on {socket.gethostname()}) is in fit (train), epoch 1, step 11."
+    )
+    assert said.err.count("error: the processes of the job no longer meet in the same collective (a deadlock)") == 1
+
+
+def test_processes_in_the_same_stage_and_epoch_wait_for_a_slow_one_and_are_left_alone(store, capsys):
+    ranks = [
+        Watcher(client(store), 0, lambda: ["fit", "validate", 0, 10, 14]),
+        Watcher(client(store), 1, lambda: ["fit", "validate", 0, 10, 12]),
+    ]
+    for watcher in ranks:
+        watcher.beats.start()
+    assert not any(watcher.ended.wait(LIMIT_S * 3) for watcher in ranks), capsys.readouterr().out
+    for watcher in ranks:
+        watcher.beats.stop()
+
+
+def test_an_error_in_the_heartbeat_thread_is_said_with_its_cause_and_never_gets_the_process_named_frozen(store, capsys):
+    calls = []
+
+    def fails_after_the_start() -> list:
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyError("a bug in the heartbeat thread")
+        return []
+
+    watcher, failing = Watcher(client(store)), Watcher(client(store), 1, fails_after_the_start)
+    watcher.beats.start()
+    failing.beats.start()
+    assert failing.beats.stopped.wait(LIMIT_S * 20), "the failing thread went on"
+    assert not watcher.ended.wait(LIMIT_S * 3), capsys.readouterr().out  # rank 1 was not named frozen
+    said = capsys.readouterr().err
+    assert (
+        "error in the heartbeat thread of global rank 1" in said and "KeyError: 'a bug in the heartbeat thread'" in said
+    )
+    assert not failing.ended.is_set()  # the process itself goes on
+    watcher.beats.stop()

@@ -18,7 +18,7 @@ import yaml
 
 from app.command_line.errors import UserError
 from app.run.continuation import changes_between
-from app.run.folder import RunFolder
+from app.run.folder import RunFolder, write_record
 from tests import preloaded
 from tests.helpers import NO_NETWORK, REPO, Run, run_train, small_run
 
@@ -384,3 +384,33 @@ def test_an_open_ended_run_trains_until_its_step_limit_and_says_what_its_learnin
     )
     group = last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["optimizer_states"][0]["param_groups"][0]
     assert group["lr"] == 0.01 and "max_lr" not in group
+
+
+def test_a_record_is_written_whole_or_not_at_all_and_never_over_another(tmp_path, monkeypatch):
+    record = tmp_path / "config.yaml"
+    write_record(record, "model: SeqNet\n")
+    with pytest.raises(FileExistsError):
+        write_record(record, "model: ConvNet\n")
+    assert record.read_text() == "model: SeqNet\n"
+
+    def killed_while_writing(descriptor: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        write_record(tmp_path / "config-continued-1.yaml", "trainer: {}\n")
+    assert not (tmp_path / "config-continued-1.yaml").exists()  # no half record for the next continuation to read
+
+
+@pytest.mark.parametrize("damage", ["model:\n  class_path: models.SeqNet\n  init_args: {optimi", "", "\x00\x81"])
+def test_a_damaged_record_is_one_line_naming_the_file(checkpoint, tmp_path, data_dir, damage):
+    best, _ = checkpoint
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    shutil.copytree(best.parents[1], run, ignore=shutil.ignore_patterns("test", "predict", "validate"))
+    (run / "config.yaml").write_bytes(damage.encode("latin-1"))
+    before = folder_hashes(run)
+    result = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"error: {run / 'config.yaml'} is damaged ("), last_line
+    assert folder_hashes(run) == before

@@ -269,6 +269,9 @@ class TrainCLI(LightningCLI):
             if self.run is not None and not self.run.started and trainer.global_rank == 0:
                 self.run.undo()  # a run, continuation or evaluation that failed or was stopped before its first step
             raise
+        finally:
+            for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
+                guard.stop_heartbeats()  # this process's work is done: the others stop watching it
 
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:

@@ -43,12 +43,13 @@ class FaultGuard(Callback):
     """Act on stop signals, SLURM's requeue signal, a diverged loss and a process that stopped answering.
 
     Args:
-        every_n_steps: Training steps between two checks of signals and loss; each check is one all-reduce of four
+        every_n_steps: Optimizer steps between two checks of signals and loss; each check is one all-reduce of four
             flags. With 1 the ranks compare flags before every step, as often as Lightning does by itself.
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
-            (`app/job/heartbeats.py`): no collective, nothing the training step waits for. Also how long the process
-            that started the others of its node goes on after one of them failed (60 s with 0): on NCCL, a
+            (`app/job/heartbeats.py`): no collective, nothing the training step waits for. Processes that all
+            answer but wait in different stages or epochs for as long are named too (a deadlock). Also how long the
+            process that started the others of its node goes on after one of them failed (60 s with 0): on NCCL, a
             collective waits for a lost process until the process-group timeout.
         checkpoint_every_s: Seconds of training after which every rank saves `last.ckpt` at the next check, in the
             middle of an epoch too, so that a killed process or a lost node costs at most that much (None: only at
@@ -68,7 +69,8 @@ class FaultGuard(Callback):
 
     Here the handlers only record the signal (SIGTERM and SIGHUP are passed on to the processes Lightning's
     launcher started, as Lightning does). The ranks compare their flags with one all-reduce every `every_n_steps`
-    training steps and at the end of each training epoch, points every rank reaches at the same step. After
+    optimizer steps (never between the batches whose gradients one step accumulates) and at the end of each
+    training epoch, points every rank reaches at the same step. After
     SIGUSR1 all of them run Lightning's requeue there: save `hpc_ckpt_N.ckpt`, and rank 0 asks SLURM to requeue the
     job, which SLURM then stops with SIGTERM. After another signal all save `last.ckpt` there, in the middle of the
     epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
@@ -98,7 +100,8 @@ class FaultGuard(Callback):
         self.requeue = False
         self.last_loss: torch.Tensor | None = None
         self.heartbeats: Heartbeats | None = None
-        self.stages = 0
+        self.batches = 0  # of every stage, for the heartbeats: where this process stands moves with it
+        self.step_seen = 0  # the optimizer steps as of the last training batch
         self.node: NodeProcesses | None = None  # this node's processes, given by train.py (app/job/early_start.py)
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
 
@@ -115,16 +118,30 @@ class FaultGuard(Callback):
             self.node.watch_after_the_meeting(watched_by_lightning, grace_s, heartbeats=self.heartbeats is not None)
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
-        if trainer.world_size == 1 or not self.stall_timeout or not torch.distributed.is_initialized():
+        """Once per process, at its first stage: they go on through every stage of the command (a fit and the test
+        after it), so that a process in one stage and another still in the previous one are seen, and end with the
+        command (`stop_heartbeats`), or with a stage that failed."""
+        if (
+            self.heartbeats
+            or trainer.world_size == 1
+            or not self.stall_timeout
+            or not torch.distributed.is_initialized()
+        ):
             return
-        # The same names on every rank: each stage of this run, each restart of a torchrun job, has its own keys.
-        namespace = f"fault_guard/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{self.stages}/"
-        self.stages += 1
+        # The same names on every rank: each restart of a torchrun job has its own keys.
+        namespace = f"fault_guard/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         store = torch.distributed.PrefixStore(namespace, store_client(timeout_s=self.stall_timeout))
         self.heartbeats = Heartbeats(
-            trainer.global_rank, trainer.world_size, self.stall_timeout, store, self._before_stall_exit
+            trainer.global_rank, trainer.world_size, self.stall_timeout, store, self._before_stall_exit, self._where
         )
         self.heartbeats.start()
+
+    def _where(self) -> list:
+        """Where this process stands: the command's stage, the loop it runs, the epoch, the step and the batches it
+        has done (read by the heartbeat thread)."""
+        state = self._trainer.state
+        fn, stage = (getattr(value, "value", value) for value in (state.fn, state.stage))
+        return [fn, stage, self._trainer.current_epoch, self._trainer.global_step, self.batches]
 
     def _before_stall_exit(self) -> str:
         """Runs in the heartbeat thread before the process ends: write out what the loggers hold."""
@@ -160,6 +177,7 @@ class FaultGuard(Callback):
             # restarts the same run, in its folder, where `--ckpt_path last` would otherwise find none and start anew.
             trainer.save_checkpoint(path, weights_only=False)
         self.saved_at = time.monotonic()  # `checkpoint_every_s` counts training time, from here
+        self.step_seen = trainer.global_step  # a continued run's first check comes after its first step
         self._catch_stop_signals()
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
@@ -179,10 +197,23 @@ class FaultGuard(Callback):
         says so when it continues (`TrainCLI._say_the_job_changed_size`), another job does not."""
         return {"torchrun_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "num_nodes": self._trainer.num_nodes}
 
+    def on_validation_batch_end(self, *args, **kwargs) -> None:
+        self.batches += 1
+
+    def on_test_batch_end(self, *args, **kwargs) -> None:
+        self.batches += 1
+
+    def on_predict_batch_end(self, *args, **kwargs) -> None:
+        self.batches += 1
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        """Check after every `every_n_steps`-th optimizer step: with `--trainer.accumulate_grad_batches N` a stop
+        inside the N batches of one step would lose the gradients accumulated so far (a checkpoint holds none)."""
+        self.batches += 1
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        batches = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # the same on every rank, kept on resume
-        if batches % self.every_n_steps == 0:
+        step, stepped = trainer.global_step, trainer.global_step != self.step_seen  # the same on every rank
+        self.step_seen = step
+        if stepped and step % self.every_n_steps == 0:
             self._check(trainer, at_epoch_end=False)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -229,6 +260,7 @@ class FaultGuard(Callback):
         command; in the test after training): stop as a shell expects, with status 130 (`app/main.py`),
         where Lightning would end the processes its launcher started with SIGKILL and exit with status 1."""
         self._put_back(trainer)
+        self.stop_heartbeats()
         if isinstance(exception, KeyboardInterrupt):
             _write_out_loggers(trainer)  # what Lightning does next, skipped by the raise
             raise exception
@@ -236,10 +268,15 @@ class FaultGuard(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._put_back(trainer)
 
+    def stop_heartbeats(self) -> None:
+        """This process's command has ended (or failed): the others stop watching it."""
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+            self.heartbeats = None
+
     def _put_back(self, trainer: Trainer) -> None:
         """Lightning's handlers and per-step check, and the signal handlers from before `setup`: after a stage, and
         after one that failed (Lightning then calls `on_exception`, not `teardown`)."""
-        self._stop_heartbeats()
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
         vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
@@ -247,11 +284,6 @@ class FaultGuard(Callback):
             signal.signal(signum, handler)
         self._previous_handlers = {}
         self.last_loss = None
-
-    def _stop_heartbeats(self) -> None:
-        if self.heartbeats is not None:
-            self.heartbeats.stop()
-            self.heartbeats = None
 
 
 def _write_out_loggers(trainer: Trainer) -> None:

@@ -1,5 +1,5 @@
-"""While the processes of a job train, which one stopped answering: frozen (SIGSTOP), or its host hung or lost the
-network."""
+"""While the processes of a job run, which one stopped answering (frozen by SIGSTOP, or its host hung or lost the
+network), and whether they all still answer but wait for each other in different places (a deadlock)."""
 
 import json
 import os
@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import suppress
 
@@ -30,8 +31,16 @@ class Heartbeats:
     agent) is the silent one. The counts come from a thread: a long validation, a checkpoint on slow storage or a
     download by one rank keeps counting, while the process runs at all.
 
-    `store` is the job's store (under a prefix of this stage's own), `on_stall` is called before the process ends
-    and returns what is kept of the run (a sentence), and `end_job` ends the process (tests give their own).
+    With each count a process also puts where it stands (`where`: its stage, epoch and step). Processes that all
+    answer but stand in different stages or epochs, none of them moving for `limit_s` seconds, no longer meet in
+    the same collective (one trains on while another waits in the test): each is named with where it stands, and
+    the job ends, where torch would wait for the process-group timeout (30 minutes). Processes in the same stage and
+    epoch are waiting for a slow one, and are left alone.
+
+    `store` is the job's store (under a prefix of this job's own), `where` says where this process stands (a list
+    of JSON values, read in this thread), `on_stall` is called before the process ends and returns what is kept of
+    the run (a sentence), and `end_job` ends the process (tests give their own). An error of this thread's own is
+    printed with its traceback, and this process then stops being watched: never named frozen for it.
     """
 
     LEFT = 10**12  # added to a count by a process that stopped watching on purpose: the others stop watching it too
@@ -43,11 +52,13 @@ class Heartbeats:
         limit_s: float,
         store: dist.Store,
         on_stall: Callable[[], str],
+        where: Callable[[], list] = list,
         end_job: Callable[[int], object] = os._exit,
     ):
         self.rank, self.world_size, self.limit_s = rank, world_size, limit_s
         self.store = store
         self.on_stall = on_stall
+        self.where = where
         self.end_job = end_job
         self.interval_s = min(max(limit_s / 10, 0.5), 10)
         self.stopped = threading.Event()
@@ -57,11 +68,27 @@ class Heartbeats:
 
     def start(self) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space()}
+        self.store.set(f"at/{self.rank}", json.dumps(self.where()))  # before its first beat, as who it is
         self.store.set(f"who/{self.rank}", json.dumps(me))
         self.store.add(f"beat/{self.rank}", 1)
         self.last_answer = time.monotonic()
         for target, name in ((self._count, "heartbeat"), (self._watch_store, "store-watch")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            threading.Thread(target=self._reporting_errors, args=(target,), name=name, daemon=True).start()
+
+    def _reporting_errors(self, target: Callable[[], None]) -> None:
+        """Run `target`; an error of its own is said with its cause, and the others stop watching this process."""
+        try:
+            target()
+        except Exception:
+            if self.stopped.is_set():
+                return
+            print(
+                f"error in the heartbeat thread of global rank {self.rank} (a bug; this process is no longer watched"
+                f" for a freeze, and goes on):\n{traceback.format_exc()}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.stop()
 
     def stop(self) -> None:
         if not self.stopped.is_set():
@@ -70,18 +97,21 @@ class Heartbeats:
                 self.store.add(f"beat/{self.rank}", self.LEFT)
 
     def _count(self) -> None:
-        keys = [f"beat/{rank}" for rank in range(self.world_size)]
+        ranks = range(self.world_size)
         counts: list[int] = [0] * self.world_size
         moved = [time.monotonic()] * self.world_size
+        places: list | None = None  # where each process stood when one of them last moved
+        still_since = time.monotonic()
         while not self.stopped.is_set():
+            here = json.dumps(self.where())
             try:
+                self.store.set(f"at/{self.rank}", here)
                 self.store.add(f"beat/{self.rank}", 1)
-                now_counts = [self.store.add(key, 0) for key in keys]  # add 0: a missing key reads 0, no wait
-                if not self.who and min(now_counts) > 0:  # every rank said who it is before its first beat
-                    self.who = [
-                        json.loads(value)
-                        for value in self.store.multi_get([f"who/{r}" for r in range(self.world_size)])
-                    ]
+                now_counts = [self.store.add(f"beat/{rank}", 0) for rank in ranks]  # add 0: a missing key reads 0
+                everyone_came = min(now_counts) > 0  # every rank said who and where it is before its first beat
+                who = self.store.multi_get([f"who/{r}" for r in ranks]) if everyone_came and not self.who else None
+                at_keys = [f"at/{rank}" for rank in ranks]
+                at = self.store.multi_get(at_keys) if everyone_came and self.store.check(at_keys) else None
             except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_watch_store` names it once `limit_s` is over
                 self.stopped.wait(self.interval_s)
                 continue
@@ -89,12 +119,21 @@ class Heartbeats:
                 self.stopped.set()
                 return
             now = self.last_answer = time.monotonic()
+            if who is not None:
+                self.who = [json.loads(value) for value in who]
             for rank, count in enumerate(now_counts):
                 if count != counts[rank]:
                     counts[rank], moved[rank] = count, now
-            silent = [r for r in range(self.world_size) if counts[r] < self.LEFT and now - moved[r] > self.limit_s]
+            live = [rank for rank in ranks if counts[rank] < self.LEFT]
+            silent = [rank for rank in live if now - moved[rank] > self.limit_s]
             if silent and not self.stopped.is_set():
-                self._end(silent, f"has given no sign of life for {round(now - min(moved[r] for r in silent))} s")
+                self._end_for_silence(silent, round(now - min(moved[r] for r in silent)))
+            if at is not None:
+                now_places = [json.loads(at[rank]) if rank in live else None for rank in ranks]
+                if now_places != places:
+                    places, still_since = now_places, now
+                elif now - still_since > self.limit_s and len({str(p[:3]) for p in places if p}) > 1:
+                    self._end_for_deadlock(places, round(now - still_since))
             self.stopped.wait(self.interval_s)
 
     def _watch_store(self) -> None:
@@ -105,24 +144,40 @@ class Heartbeats:
                 # (it is running this very line: a rank of that host, as when several "nodes" share one machine).
                 store_holders = [0] if not under_torchrun() else self._same_host_as(0)
                 store_holders = [rank for rank in store_holders if rank != self.rank] or store_holders
-                self._end(store_holders, f"holds the job's store, which has not answered for {round(silent_for)} s")
+                what = f"holds the job's store, which has not answered for {round(silent_for)} s"
+                self._end_for_silence(store_holders, what=what)
 
-    def _end(self, silent: list[int], what: str) -> None:
-        """Say which process stopped answering (from the lowest live rank), kill it if it lives here, and exit."""
+    def _end_for_silence(self, silent: list[int], silent_s: int = 0, what: str = "") -> None:
+        """Name the processes that stopped answering, kill those that live here, and end this one."""
+        named = ", ".join(self._describe(rank) for rank in silent)
+        what = what or f"has given no sign of life for {silent_s} s"
+        line = f"Global rank {named} {what}: frozen, or its host hung or lost the network."
+        self._end(line, "a process of the job stopped answering", speaker_not_in=silent, kill=silent)
+
+    def _end_for_deadlock(self, places: list, still_s: int) -> None:
+        """Name where each process waits, and end this one: each of them ends itself likewise."""
+        where = "; ".join(
+            f"global rank {self._describe(rank)} is in {_place(place)}" for rank, place in enumerate(places) if place
+        )
+        line = f"The processes of the job wait for each other in different places, none moved for {still_s} s: {where}."
+        self._end(line, "the processes of the job no longer meet in the same collective (a deadlock)")
+
+    def _end(self, line: str, error: str, speaker_not_in: list[int] = (), kill: list[int] = ()) -> None:
+        """Say `line` and `error` from the lowest rank outside `speaker_not_in`, kill the processes of `kill` that
+        live here, and end this process."""
         if not self.ending.acquire(blocking=False):
             return
-        note_the_loss()
-        alive = [rank for rank in range(self.world_size) if rank not in silent]
-        if self.rank == min(alive, default=self.rank):
-            named = ", ".join(self._describe(rank) for rank in silent)
-            print(f"Global rank {named} {what}: frozen, or its host hung or lost the network.", flush=True)
+        if kill:
+            note_the_loss()
+        speakers = [rank for rank in range(self.world_size) if rank not in speaker_not_in]
+        if self.rank == min(speakers, default=self.rank):
+            print(line, flush=True)
             kept = self.on_stall()
-            error = f"error: a process of the job stopped answering, so the job ends; {kept}."
-            print(error, file=sys.stderr, flush=True)
+            print(f"error: {error}, so the job ends; {kept}.", file=sys.stderr, flush=True)
         else:
             self.on_stall()
         here = _pid_space()
-        for rank in silent:  # a process of this machine and pid namespace only: a pid means nothing elsewhere
+        for rank in kill:  # a process of this machine and pid namespace only: a pid means nothing elsewhere
             if rank != self.rank and here is not None and rank < len(self.who) and self.who[rank]["pid_space"] == here:
                 with suppress(OSError):
                     os.kill(self.who[rank]["pid"], signal.SIGKILL)
@@ -138,6 +193,13 @@ class Heartbeats:
         if rank >= len(self.who):
             return [rank]
         return [r for r, who in enumerate(self.who) if who["host"] == self.who[rank]["host"]]
+
+
+def _place(place: list) -> str:
+    """`["fit", "train", 1, 24]`: "fit (train), epoch 1, step 24"."""
+    command, stage, epoch, step = place[:4]
+    stage = f" ({stage})" if stage and stage != command else ""
+    return f"{command}{stage}, epoch {epoch}, step {step}"
 
 
 def _pid_space() -> str | None:

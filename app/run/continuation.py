@@ -13,14 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from app.command_line.argv import resolved_by_lightning
 from app.command_line.errors import UserError
 from app.run.checkpoints import read_checkpoint
-from app.run.folder import is_run, last_checkpoint_of, newest_record, newest_run_with_a_checkpoint, versions
+from app.run.folder import (
+    is_run,
+    last_checkpoint_of,
+    newest_record,
+    newest_run_with_a_checkpoint,
+    read_record,
+    versions,
+)
 
 NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train
 # Where a run is and on how many processes it runs: the command's (or its launcher's) now, not the run's. A run
@@ -118,7 +124,7 @@ def _continue(run: Path, root: Path) -> Start:
     record = newest_record(run)
     if record is None:
         return Start(checkpoint, contents, run, settings=_settings_of_checkpoint(contents))
-    settings = yaml.safe_load(record.read_text())
+    settings = read_record(record)
     settings = {key: value for key, value in settings.items() if key not in NOT_COMPARED}
     for key in WHERE:  # where the run was, and on how many processes: this command, or its launcher, says now
         (settings.get("trainer") or {}).pop(key.removeprefix("--trainer."), None)

@@ -25,6 +25,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from app.command_line.errors import UserError
+from app.run.checkpoints import fsync_folder
 
 DEFAULT_ROOT = "runs"  # --trainer.default_root_dir: where the runs are
 RECORD = "config.yaml"
@@ -152,7 +153,7 @@ def checkpoint_folders(run: Path) -> list[Path]:
     (`--last_checkpoint.dirpath`, `--timed_checkpoint.dirpath`)."""
     folders = [run / CHECKPOINTS]
     if (record := newest_record(run)) is not None:
-        settings = yaml.safe_load(record.read_text()) or {}
+        settings = read_record(record)
         for section in ("last_checkpoint", "timed_checkpoint"):
             if dirpath := (settings.get(section) or {}).get("dirpath"):
                 folders.append(Path(dirpath))
@@ -180,6 +181,38 @@ def newest_record(run: Path) -> Path | None:
     if continued:
         return max(continued)[1]
     return run / RECORD if (run / RECORD).is_file() else None
+
+
+def read_record(record: Path) -> dict:
+    """The settings a record holds; one line naming the file when it is not the YAML mapping train.py wrote (cut
+    short by a crash of an older version, or edited by hand)."""
+    try:
+        settings = yaml.safe_load(record.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        problem = " ".join(str(error).split())
+    else:
+        if isinstance(settings, dict):
+            return settings
+        problem = "it holds no settings"
+    raise UserError(
+        f"{record} is damaged ({problem}). Put back the file train.py wrote, or remove it: the run then continues"
+        " with the settings of its previous record, or of its checkpoint."
+    )
+
+
+def write_record(path: Path, text: str) -> None:
+    """Write a record whole or not at all, and never over an existing file: the text goes into a hidden file
+    beside it first, flushed to the disk, which then takes the name (a hard link fails where the name exists)."""
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    try:
+        os.link(partial, path)
+    finally:
+        partial.unlink()
+    fsync_folder(path.parent)
 
 
 def next_record_name(run: Path, continuing: bool) -> str:

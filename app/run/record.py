@@ -7,7 +7,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from typing_extensions import override
 
-from app.run.folder import CHECKPOINTS, RunFolder, next_record_name
+from app.run.folder import CHECKPOINTS, RunFolder, next_record_name, write_record
 
 HPARAMS_SECTIONS = ("model", "data", "trainer", "seed_everything")  # of the CLI config; callbacks' stay in config.yaml
 
@@ -44,8 +44,7 @@ class RunRecord(SaveConfigCallback):
                     callback.dirpath = callback.dirpath or str(folder / CHECKPOINTS)  # rank 0's dirpath
             path = folder / next_record_name(folder, self.run.continued)
             comment = "".join(f"# {line}\n" for line in self.header.splitlines())
-            with path.open("x") as record:  # "x": fails rather than overwrite
-                record.write(comment + self.parser.dump(self.config, skip_none=False))
+            write_record(path, comment + self.parser.dump(self.config, skip_none=False))
             self.save_config(trainer, pl_module, stage)
         self.already_saved = True
 
