@@ -269,9 +269,6 @@ class TrainCLI(LightningCLI):
             if self.run is not None and not self.run.started and trainer.global_rank == 0:
                 self.run.undo()  # a run, continuation or evaluation that failed or was stopped before its first step
             raise
-        finally:
-            for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
-                guard.stop_heartbeats()  # this process's work is done: the others stop watching it
 
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:
@@ -346,6 +343,7 @@ class TrainCLI(LightningCLI):
         trainer.callbacks.insert(0, SameSettings(self._settings_every_node_shares))  # before anything is written
         for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
             guard.node = self.node  # it watches the processes of this node once they have met
+            guard.test_after_fit = self.test_after_fit  # the heartbeats go on from the fit into the test
         if self.run is not None:
             trainer.callbacks.append(self.run)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger

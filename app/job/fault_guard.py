@@ -103,6 +103,7 @@ class FaultGuard(Callback):
         self.batches = 0  # of every stage, for the heartbeats: where this process stands moves with it
         self.step_seen = 0  # the optimizer steps as of the last training batch
         self.node: NodeProcesses | None = None  # this node's processes, given by train.py (app/job/early_start.py)
+        self.test_after_fit = False  # given by train.py: the command's last stage is the test, not the fit
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -120,7 +121,7 @@ class FaultGuard(Callback):
     def _start_heartbeats(self, trainer: Trainer) -> None:
         """Once per process, at its first stage: they go on through every stage of the command (a fit and the test
         after it), so that a process in one stage and another still in the previous one are seen, and end with the
-        command (`stop_heartbeats`), or with a stage that failed."""
+        command's last stage, or with a stage that failed."""
         if (
             self.heartbeats
             or trainer.world_size == 1
@@ -267,9 +268,11 @@ class FaultGuard(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._put_back(trainer)
+        if not (stage == TrainerFn.FITTING and self.test_after_fit):
+            self.stop_heartbeats()  # the command's work is done here: the others stop watching this process
 
     def stop_heartbeats(self) -> None:
-        """This process's command has ended (or failed): the others stop watching it."""
+        """This process's work has ended (or failed): the others stop watching it."""
         if self.heartbeats is not None:
             self.heartbeats.stop()
             self.heartbeats = None
