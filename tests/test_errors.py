@@ -8,6 +8,7 @@ which is the same code without the start-up of a new interpreter.
 import functools
 import json
 import re
+import shlex
 import signal
 import struct
 import zipfile
@@ -19,7 +20,7 @@ import torch
 from app.command_line.errors import PEER_LOST_MESSAGE, blame_option
 from app.command_line.speaking import short_traceback
 from app.main import main
-from tests.helpers import LAUNCH_PATHS, run_train, scalars, small_run
+from tests.helpers import LAUNCH_PATHS, run_command, run_train, scalars, small_run
 from tests.synthetic import write_idx
 
 # Two processes, unless a test says otherwise.
@@ -476,8 +477,15 @@ def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_con
     assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
     output = result.stdout + result.stderr
     assert "Stopped by SIGINT (Ctrl-C) in epoch 1, after step 16;" in output
-    assert "holds that step: continue with --ckpt_path last" in output
     assert saved_step(tmp_path) == 16  # saved where every rank stopped
+    # The command it prints continues this very run (its model, data and root), run as printed where it ran
+    (printed,) = re.findall(r"holds that step; continue with: (.+)$", output, re.MULTILINE)
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    assert printed.endswith(f" train.py --ckpt_path {run} --devices 2"), printed
+    continued = run_command(shlex.split(printed), timeout=120)
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    assert f"continuing {run}, from checkpoints/last.ckpt (step 16, epoch 1)." in continued.stdout + continued.stderr
+    assert saved_step(tmp_path) == 30 and [path.name for path in run.parent.iterdir()] == ["version_0"]
 
 
 @pytest.mark.slow

@@ -65,7 +65,8 @@ def stopped(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "Traceback" not in result.stderr
     output = result.stdout + result.stderr
     assert "Stopped by SIGTERM in epoch 1, after step 16;" in output
-    assert "holds that step: continue with --ckpt_path last" in output
+    continuing = f"train.py fit --ckpt_path {root / CHECKPOINTS.parent} --devices 2"
+    assert re.search(rf"holds that step; continue with: \S+ {re.escape(continuing)}$", output, re.MULTILINE), output
     return root
 
 

@@ -48,7 +48,7 @@ def assert_named_and_ended(output: str, rank: int) -> None:
     assert silent_for >= int(STALL_TIMEOUT[1]), named[0]  # never before --fault_guard.stall_timeout
     errors = [line for line in output.splitlines() if line.startswith("error")]
     assert errors and errors[0].startswith("error: a process of the job stopped answering"), output[-3000:]
-    assert "continue with --ckpt_path last" in errors[0]
+    assert "holds the last saved step; continue with: " in errors[0] and " --ckpt_path " in errors[0]
 
 
 def test_a_frozen_process_is_named_and_the_job_ends(data_dir, tmp_path, launch):

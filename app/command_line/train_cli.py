@@ -36,7 +36,7 @@ from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
 from app.command_line.same_settings import COMMAND, STARTS_FROM, SameSettings
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
-from app.job.fault_guard import FaultGuard
+from app.job.fault_guard import FaultGuard, last_checkpoint_path
 from app.job.launcher_shape import LauncherShape, launcher_shape
 from app.job.node_loss import seconds_since_the_loss
 from app.job.rendezvous import announce_rendezvous
@@ -312,7 +312,7 @@ class TrainCLI(LightningCLI):
         plugins = trainer_config["plugins"]
         plugins = [] if plugins is None else plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO(self.continue_command)]
         if trainer_config["logger"] in (None, True, False):  # not a logger of the user's, which has its own folder
             self.run = self._folder_to_write(Path(trainer_config["default_root_dir"] or "."))
         elif self._continuing():
@@ -344,6 +344,7 @@ class TrainCLI(LightningCLI):
         for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
             guard.node = self.node  # it watches the processes of this node once they have met
             guard.test_after_fit = self.test_after_fit  # the heartbeats go on from the fit into the test
+            guard.continue_command = self.continue_command
         if self.run is not None:
             trainer.callbacks.append(self.run)
         if not trainer.loggers:  # --trainer.logger false: LearningRateMonitor would refuse to run without a logger
@@ -351,6 +352,23 @@ class TrainCLI(LightningCLI):
         if trainer_config["enable_model_summary"] is False:  # Lightning turns off its own summary only
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, NetworkSummary)]
         return trainer
+
+    def continue_command(self) -> str:
+        """How to continue this run, as the user can type it where they ran this one: the run's folder brings its
+        model, data and settings; the processes are this command's. Under a launcher, whose own command starts the
+        processes, what to give train.py there."""
+        where = last_checkpoint_path(self.trainer)  # on every rank: Lightning gives them rank 0's folders
+        if where is not None and where.parent.name == CHECKPOINTS and is_run(where.parents[1]):
+            where = where.parents[1]  # else (a logger of the user's, say): a new run from its weights
+        if self.shape is not None:
+            return f"the same {self.shape.launcher} command, with --ckpt_path {where}"
+        trainer, shape = self.trainer, ""
+        if trainer.num_nodes > 1:
+            shape = f" --devices {trainer.num_devices} --num_nodes {trainer.num_nodes}"
+        elif trainer.num_devices > 1:
+            shape = f" --devices {trainer.num_devices}"
+        subcommand = "" if self.test_after_fit else f" {self.subcommand}"
+        return f"{train_py()}{subcommand} --ckpt_path {where}{shape}"
 
     def _settings_every_node_shares(self) -> dict:
         """What the nodes of a job must agree on (`SameSettings`): the settings the command runs with, what it runs,

@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -104,6 +105,7 @@ class FaultGuard(Callback):
         self.step_seen = 0  # the optimizer steps as of the last training batch
         self.node: NodeProcesses | None = None  # this node's processes, given by train.py (app/job/early_start.py)
         self.test_after_fit = False  # given by train.py: the command's last stage is the test, not the fit
+        self.continue_command: Callable[[], str] = lambda: "--ckpt_path last"  # given by train.py: the whole command
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -147,7 +149,7 @@ class FaultGuard(Callback):
     def _before_stall_exit(self) -> str:
         """Runs in the heartbeat thread before the process ends: write out what the loggers hold."""
         _write_out_loggers(self._trainer)
-        return _what_is_kept(last_checkpoint_path(self._trainer), "holds the last saved step")
+        return self._what_is_kept("holds the last saved step")
 
     # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
     # when the signal came fails with "reentrant call").
@@ -249,7 +251,7 @@ class FaultGuard(Callback):
         when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
         rank_zero_info(
             f"Stopped by {SIGNAL_NAMES[stop_signal]} in epoch {trainer.current_epoch}, {when};"
-            f" {_what_is_kept(path, 'holds that step')}"
+            f" {self._what_is_kept('holds that step')}"
         )
         raise StoppedBySignal(stop_signal)
 
@@ -270,6 +272,12 @@ class FaultGuard(Callback):
         self._put_back(trainer)
         if not (stage == TrainerFn.FITTING and self.test_after_fit):
             self.stop_heartbeats()  # the command's work is done here: the others stop watching this process
+
+    def _what_is_kept(self, holds: str) -> str:
+        path = last_checkpoint_path(self._trainer)
+        if path is not None and path.exists():
+            return f"{path} {holds}; continue with: {self.continue_command()}"
+        return "no checkpoint had been written, so there is nothing to continue from"
 
     def stop_heartbeats(self) -> None:
         """This process's work has ended (or failed): the others stop watching it."""
@@ -302,12 +310,6 @@ def _weights_kept(path: Path | None) -> str:
     if path is not None and path.exists():
         return f"{path} keeps the weights from before the divergence."
     return "No checkpoint had been written."
-
-
-def _what_is_kept(path: Path | None, holds: str) -> str:
-    if path is not None and path.exists():
-        return f"{path} {holds}: continue with --ckpt_path last"
-    return "no checkpoint had been written, so there is nothing to continue from"
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path | None:

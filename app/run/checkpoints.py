@@ -5,6 +5,7 @@ import errno
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     from that folder (`remove_partial_files`).
     """
 
+    def __init__(self, continue_command: Callable[[], str] = lambda: "--ckpt_path last") -> None:
+        super().__init__()
+        self.continue_command = continue_command  # how the user continues the run, for the full disk's line
+
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
         if "://" in str(path) or storage_options is not None:
@@ -119,7 +124,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if full is None:
                 raise
             if target.exists():
-                then = f"{target} still holds the previous save. Free space there, then continue with --ckpt_path last"
+                then = (
+                    f"{target} still holds the previous save. Free space there, then continue with:"
+                    f" {self.continue_command()}"
+                )
             else:
                 then = "Free space there, or choose another folder (--trainer.default_root_dir), and train again"
             raise UserError(f"cannot save the checkpoint {target.name}: {full} in {target.parent}. {then}.") from error
