@@ -66,6 +66,20 @@ def test_overrides_and_shortcuts_reach_the_config_and_round_trip(capsys, tmp_pat
     assert print_config(capsys, "--config", str(saved)) == config
 
 
+@pytest.mark.parametrize(
+    "option", ["limit_train_batches", "limit_val_batches", "limit_test_batches", "overfit_batches"]
+)
+def test_a_whole_number_of_batches_is_batches_and_a_fraction_a_fraction(capsys, tmp_path, option):
+    """As `Trainer(limit_val_batches=1)` in Python: one batch, not 1.0 (all of them)."""
+    assert print_config(capsys, f"--trainer.{option}", "1")["trainer"][option] == 1
+    assert isinstance(print_config(capsys, f"--trainer.{option}", "3")["trainer"][option], int)
+    assert print_config(capsys, f"--trainer.{option}", "0.25")["trainer"][option] == 0.25
+    assert isinstance(print_config(capsys, f"--trainer.{option}", "1.0")["trainer"][option], float)
+    config = tmp_path / "smoke.yaml"
+    config.write_text(f"trainer:\n  {option}: 2\n")
+    assert isinstance(print_config(capsys, "--config", str(config))["trainer"][option], int)
+
+
 def test_default_optimizer_is_the_fused_adam_also_with_another_learning_rate(capsys):
     optimizer = print_config(capsys, "--model.optimizer.lr", "0.02")["model"]["init_args"]["optimizer"]
     assert optimizer["class_path"] == "torch.optim.Adam"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import yaml
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -35,6 +34,7 @@ from app.command_line.invocation import tool, train_py
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
 from app.command_line.same_settings import COMMAND, STARTS_FROM, SameSettings
+from app.command_line.trainer import Trainer
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
 from app.job.fault_guard import FaultGuard, last_checkpoint_path
 from app.job.launcher_shape import LauncherShape, launcher_shape
@@ -106,6 +106,7 @@ class TrainCLI(LightningCLI):
             model_class=ImageClassifier,
             subclass_mode_model=True,
             datamodule_class=MNISTDataModule,
+            trainer_class=Trainer,  # whole numbers of batches read as batches (app/command_line/trainer.py)
             trainer_defaults=trainer_defaults(),
             seed_everything_default=42,
             auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument

@@ -1,0 +1,33 @@
+"""The Trainer the command line builds: Lightning's, reading a whole number of batches as batches."""
+
+from lightning.pytorch import Trainer as LightningTrainer
+
+
+class Trainer(LightningTrainer):
+    """Lightning's Trainer, whose `limit_*_batches` and `overfit_batches` take a whole number as a number of batches
+    from the command line and config files too, as `Trainer(limit_val_batches=1)` does in Python.
+
+    Lightning annotates them `float | int`, and jsonargparse gives a value the first type it fits: `--trainer
+    .limit_val_batches 1` became 1.0, all the batches, and a smoke run was silently a full one. Declared `int | float`
+    here, `1` is one batch and `1.0` or `0.5` fractions, as in Python. Everything else is Lightning's.
+    """
+
+    def __init__(
+        self,
+        *args,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        overfit_batches: int | float = 0.0,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            *args,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            overfit_batches=overfit_batches,
+            **kwargs,
+        )
