@@ -8,10 +8,10 @@ where the model normalises it with the statistics this module names (`mean`, `st
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from jsonargparse.typing import NonNegativeInt, PositiveInt
+from jsonargparse.typing import NonNegativeInt, PositiveInt, register_type
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
@@ -30,6 +30,20 @@ DATASETS = {
     "fashion_mnist": (FashionMNIST, 0.2860, 0.3530),
 }
 TRAIN_SET_SIZE = 60_000  # of the official files; the tests use smaller ones
+
+
+class DatasetName(str):
+    """`--data.dataset`: mnist or fashion_mnist, however a user writes them (MNIST, FashionMNIST, fashion-mnist)."""
+
+    def __new__(cls, name: str) -> "DatasetName":
+        spelled = {key.replace("_", ""): key for key in DATASETS}
+        key = spelled.get(str(name).lower().replace("-", "").replace("_", ""))
+        if key is None:
+            raise ValueError(f"expected one of {', '.join(DATASETS)}")
+        return super().__new__(cls, key)
+
+
+register_type(DatasetName, serializer=str, deserializer=DatasetName)
 
 
 class DataError(RuntimeError):
@@ -61,7 +75,7 @@ class MNISTDataModule(LightningDataModule):
     """MNIST or FashionMNIST: a train/val split of the official 60k training images and the official 10k test set.
 
     Args:
-        dataset: Which dataset to load.
+        dataset: Which dataset to load: mnist or fashion_mnist (in any case: MNIST, FashionMNIST).
         data_dir: Folder holding `MNIST/raw/` or `FashionMNIST/raw/` (torchvision's layout); downloaded there if
             missing.
         batch_size: Samples per batch *per device*. Under DDP one optimizer step sees
@@ -81,7 +95,7 @@ class MNISTDataModule(LightningDataModule):
 
     def __init__(
         self,
-        dataset: Literal["mnist", "fashion_mnist"] = "fashion_mnist",
+        dataset: DatasetName = "fashion_mnist",
         data_dir: str = "data",
         batch_size: PositiveInt = 64,
         num_workers: NonNegativeInt = 0,
@@ -93,6 +107,7 @@ class MNISTDataModule(LightningDataModule):
         predict_dir: str | None = None,
     ) -> None:
         super().__init__()
+        dataset = str(DatasetName(dataset))  # a plain string in the hyperparameters, as a checkpoint keeps them
         if on_device and num_workers > 0:
             raise DataError(
                 f"--data.on_device true needs --data.num_workers 0 (not {num_workers}): DataLoader worker processes"

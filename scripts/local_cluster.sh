@@ -70,7 +70,7 @@ fi
 
 status=0
 for ((left = nodes; left > 0; left--)); do
-  wait -n "${pids[@]}"
+  wait -n  # any node: one already waited for is no longer a job of this shell ("no such job")
   code=$?
   if [ "$code" -ne 0 ]; then
     echo "local_cluster: a node exited with status $code; ending the others" >&2

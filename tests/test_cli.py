@@ -80,6 +80,15 @@ def test_a_whole_number_of_batches_is_batches_and_a_fraction_a_fraction(capsys, 
     assert isinstance(print_config(capsys, "--config", str(config))["trainer"][option], int)
 
 
+@pytest.mark.parametrize("spelled", ["MNIST", "Mnist", "FashionMNIST", "fashion-mnist", "FASHION_MNIST"])
+def test_a_dataset_is_named_in_any_case(capsys, tmp_path, spelled):
+    expected = "mnist" if spelled.lower() == "mnist" else "fashion_mnist"
+    assert print_config(capsys, "--data.dataset", spelled)["data"]["dataset"] == expected
+    config = tmp_path / "data.yaml"
+    config.write_text(f"data:\n  dataset: {spelled}\n")
+    assert print_config(capsys, "--config", str(config))["data"]["dataset"] == expected
+
+
 def test_default_optimizer_is_the_fused_adam_also_with_another_learning_rate(capsys):
     optimizer = print_config(capsys, "--model.optimizer.lr", "0.02")["model"]["init_args"]["optimizer"]
     assert optimizer["class_path"] == "torch.optim.Adam"

@@ -527,3 +527,11 @@ def test_checkpoints_reach_the_disk_before_and_after_their_rename(data_dir, tmp_
     renamed = events.index(["rename", partial, last])
     assert ["fsync", partial] in events[:renamed]  # the data first
     assert ["fsync", str(folder)] in events[renamed + 1 :]  # then the folder entry that names it
+
+
+def test_a_checkpoint_that_is_not_there_lists_those_of_its_folder(checkpoint, data_dir):
+    best, _ = checkpoint
+    missing = best.parent / "best.ckpt"
+    message = error_line(["test", "--ckpt_path", str(missing), "--data.data_dir", str(data_dir)])
+    there = ", ".join(sorted(path.name for path in best.parent.glob("*.ckpt")))
+    assert message == f"error: --ckpt_path {missing}: no such file. {best.parent} holds {there}: give one of them."

@@ -173,8 +173,8 @@ def _given_value(option: str, argv: list[str], deepest: str) -> str:
 def _expected_kinds(deepest: str) -> list[str]:
     """What the option takes, in words, when the deepest cause names basic types (not a class)."""
     kinds = []
-    for restriction in re.findall(r"Not of type (\w+)", deepest):
-        kinds.append(KINDS.get(restriction, restriction))
+    for restriction, expecting in re.findall(r"Not of type (\w+)(?:: expected ([^\n]+))?", deepest):
+        kinds.append(expecting.strip() or KINDS.get(restriction, restriction))  # a type of ours says what it takes
     literals = [
         item.strip().strip("'")
         for found in re.findall(r"Expected a typing\.Literal\[(.*?)\]", deepest)

@@ -15,10 +15,10 @@ from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.errors import UserError
+from app.command_line.say import say
 from app.job.early_start import NodeProcesses
 from app.job.heartbeats import Heartbeats
 from app.job.lightnings_observer import stand_down_lightnings_observer
@@ -249,7 +249,7 @@ class FaultGuard(Callback):
         if not stop_signal:
             return
         when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
-        rank_zero_info(
+        say(
             f"Stopped by {SIGNAL_NAMES[stop_signal]} in epoch {trainer.current_epoch}, {when};"
             f" {self._what_is_kept('holds that step')}"
         )

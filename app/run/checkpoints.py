@@ -31,7 +31,13 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
         hint = f" It holds {', '.join(inside[:3])}: give one of them." if inside else " Give a .ckpt file."
         raise UserError(f"{option} {path} is a folder, not a checkpoint file.{hint}")
     if not path.is_file():
-        raise UserError(f"{option} {path}: no such file. Give a checkpoint written by train.py (runs/*/checkpoints).")
+        there = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+        hint = (
+            f"{path.parent} holds {', '.join(there)}: give one of them"
+            if there
+            else ("Give a checkpoint written by train.py (runs/*/checkpoints)")
+        )
+        raise UserError(f"{option} {path}: no such file. {hint}.")
     if path.stat().st_size == 0:
         raise UserError(f"{option} {path} is empty (0 bytes): its writing was cut off. Use another checkpoint.")
     try:

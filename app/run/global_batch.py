@@ -3,8 +3,9 @@
 import math
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import OneCycleLR
+
+from app.command_line.say import say
 
 
 class GlobalBatchInfo(Callback):
@@ -42,7 +43,7 @@ class GlobalBatchInfo(Callback):
                 " without --trainer.max_steps), so there is no one-cycle schedule to plan"
             )
         in_the_run = f", {total} in the run" if math.isfinite(total) else ""
-        rank_zero_info(
+        say(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes"
             f" x {trainer.accumulate_grad_batches} accumulated; {lr}; {steps_per_epoch} optimizer steps per epoch"
             f"{in_the_run}."
