@@ -7,6 +7,7 @@ where the model normalises it with the statistics this module names (`mean`, `st
 """
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,14 @@ DATASETS = {
     "fashion_mnist": (FashionMNIST, 0.2860, 0.3530),
 }
 TRAIN_SET_SIZE = 60_000  # of the official files; the tests use smaller ones
+
+
+def _file_names(dataset_class: type) -> list[str]:
+    return [name.removesuffix(".gz") for name, _md5 in dataset_class.resources]
+
+
+def _holds_the_files(dataset_class: type, folder: Path) -> bool:
+    return all((folder / name).is_file() for name in _file_names(dataset_class))
 
 
 class DatasetName(str):
@@ -134,22 +143,49 @@ class MNISTDataModule(LightningDataModule):
     @property
     def file_names(self) -> list[str]:
         """The four uncompressed IDX files torchvision expects in `raw_folder`."""
-        return [name.removesuffix(".gz") for name, _md5 in self.dataset_class.resources]
+        return _file_names(self.dataset_class)
 
     def prepare_data(self) -> None:
-        """Download the files if they are missing. Lightning calls this once per node, on local rank 0."""
-        if all((self.raw_folder / name).is_file() for name in self.file_names):
+        """Download the files if they are missing. Lightning calls this once per node, on local rank 0.
+
+        Files a folder off (`--data.data_dir` naming the folder that holds them, or the dataset's own folder) are
+        pointed at rather than downloaded beside them; a download that fails leaves no folder it made behind."""
+        if _holds_the_files(self.dataset_class, self.raw_folder):
             return
+        self._point_at_files_nearby()
+        made = [folder for folder in (self.raw_folder, *self.raw_folder.parents) if not folder.exists()]
         try:
             for train in (True, False):
                 self.dataset_class(self.hparams.data_dir, train=train, download=True)
         except (OSError, RuntimeError) as err:
+            if made:
+                shutil.rmtree(made[-1], ignore_errors=True)  # the outermost folder the download made, with all in it
             reason = str(err).strip().splitlines()[-1]
             raise DataError(
                 f"{self.dataset_class.__name__} is not in {self.raw_folder} and the download failed ({reason}). "
                 f"Put {', '.join(self.file_names)} there (gunzip the .gz files), or point --data.data_dir at the "
-                f"folder that holds {self.dataset_class.__name__}/raw/."
+                f"folder that holds {self.dataset_class.__name__}/raw/.{self._other_dataset_there()}"
             ) from err
+
+    def _point_at_files_nearby(self) -> None:
+        """The four files in `--data.data_dir` itself, or in its `raw/`: one line that says which folder to give."""
+        data_dir, name = Path(self.hparams.data_dir), self.dataset_class.__name__
+        for folder in (data_dir, data_dir / "raw"):
+            if not _holds_the_files(self.dataset_class, folder):
+                continue
+            if folder.name == "raw" and folder.parent.name == name:
+                where = f"give --data.data_dir {folder.parents[1]}, the folder that holds {name}/raw/"
+            else:
+                where = f"move them into {self.raw_folder}/, where torchvision reads them"
+            raise DataError(f"--data.data_dir {data_dir}: {name}'s files are in {folder}; {where}.")
+
+    def _other_dataset_there(self) -> str:
+        """Offline, with the other dataset's files at hand: which option trains on them."""
+        for key, (dataset_class, _mean, _std) in DATASETS.items():
+            raw = Path(self.hparams.data_dir) / dataset_class.__name__ / "raw"
+            if dataset_class is not self.dataset_class and _holds_the_files(dataset_class, raw):
+                return f" {dataset_class.__name__}'s files are in {raw}: --data.dataset {key} trains on them."
+        return ""
 
     def setup(self, stage: str) -> None:
         """Load the splits this stage needs, once; every rank holds the whole split and the sampler picks its share."""
