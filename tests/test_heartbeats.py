@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -41,10 +42,10 @@ def client(store: dist.TCPStore, prefix: str = "stage/") -> dist.Store:
 class Watcher:
     """Rank 0's heartbeats, with the end of the job recorded instead of done."""
 
-    def __init__(self, store: dist.Store, rank: int = 0, where=list) -> None:
+    def __init__(self, store: dist.Store, rank: int = 0, where=list, waiting: bool = False) -> None:
         self.ended = threading.Event()
         self.beats = Heartbeats(
-            rank, 2, LIMIT_S, store, on_stall=lambda: "nothing kept", where=where, end_job=self._end
+            rank, 2, LIMIT_S, store, lambda: "nothing kept", where, end_job=self._end, waiting=lambda: waiting
         )
 
     def _end(self, status: int) -> None:
@@ -155,17 +156,17 @@ def test_under_torchrun_a_silent_store_names_the_ranks_of_its_host_and_never_thi
     assert killed == [12345]  # rank 0, never this process
 
 
-def test_processes_that_answer_but_wait_in_different_stages_are_named_with_where_they_stand(store, capsys):
-    """Rank 0 went on to the test while rank 1 still trains its second epoch: both beat, neither moves."""
+def test_processes_that_all_wait_in_collectives_in_different_places_are_named_by_one_and_all_end(store, capsys):
+    """Rank 0 went on to the test while rank 1 still trains its second epoch: both beat, both wait, neither moves."""
     ranks = [
-        Watcher(client(store), 0, lambda: ["test", "test", 1, 10, 25]),
-        Watcher(client(store), 1, lambda: ["fit", "train", 1, 11, 11]),
+        Watcher(client(store), 0, lambda: ["test", "test", 1, 10, 25], waiting=True),
+        Watcher(client(store), 1, lambda: ["fit", "train", 1, 11, 11], waiting=True),
     ]
     for watcher in ranks:
         watcher.beats.start()
     assert all(watcher.ended.wait(LIMIT_S * 20) for watcher in ranks), "the deadlock was never named"
     said = capsys.readouterr()
-    (line,) = [line for line in said.out.splitlines() if line.startswith("The processes")]
+    (line,) = [line for line in said.out.splitlines() if line.startswith("The processes")]  # said once
     assert line.startswith("The processes of the job wait for each other in different places, none moved for ")
     assert line.endswith(
         f"global rank 0 (pid {os.getpid()} on {socket.gethostname()}) is in test, epoch 1, step 10; global rank 1"
@@ -174,16 +175,36 @@ def test_processes_that_answer_but_wait_in_different_stages_are_named_with_where
     assert said.err.count("error: the processes of the job no longer meet in the same collective (a deadlock)") == 1
 
 
-def test_processes_in_the_same_stage_and_epoch_wait_for_a_slow_one_and_are_left_alone(store, capsys):
+def test_processes_waiting_for_one_that_is_busy_elsewhere_are_left_alone(store, capsys):
+    """Rank 0 still finishes the fit (a slow disk, a long validation) while rank 1 waits in the test's barrier."""
     ranks = [
-        Watcher(client(store), 0, lambda: ["fit", "validate", 0, 10, 14]),
-        Watcher(client(store), 1, lambda: ["fit", "validate", 0, 10, 12]),
+        Watcher(client(store), 0, lambda: ["fit", "validate", 0, 10, 14], waiting=False),
+        Watcher(client(store), 1, lambda: ["test", "test", 1, 10, 12], waiting=True),
     ]
     for watcher in ranks:
         watcher.beats.start()
     assert not any(watcher.ended.wait(LIMIT_S * 3) for watcher in ranks), capsys.readouterr().out
     for watcher in ranks:
         watcher.beats.stop()
+
+
+def test_the_main_thread_is_seen_waiting_for_the_others_and_not_elsewhere():
+    assert not heartbeats.main_thread_waits_in_a_collective()  # this test, running Python
+    started, seen = threading.Event(), []
+
+    def look() -> None:
+        started.wait()
+        time.sleep(1)  # the main thread now waits in torch.distributed for a rank 1 that never comes
+        seen.append(heartbeats.main_thread_waits_in_a_collective())
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=3))
+    started.set()
+    with pytest.raises(dist.DistStoreError):
+        dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=3))
+    looker.join()
+    assert seen == [True]
 
 
 def test_an_error_in_the_heartbeat_thread_is_said_with_its_cause_and_never_gets_the_process_named_frozen(store, capsys):

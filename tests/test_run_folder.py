@@ -400,6 +400,7 @@ def test_a_record_is_written_whole_or_not_at_all_and_never_over_another(tmp_path
     with pytest.raises(KeyboardInterrupt):
         write_record(tmp_path / "config-continued-1.yaml", "trainer: {}\n")
     assert not (tmp_path / "config-continued-1.yaml").exists()  # no half record for the next continuation to read
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["config.yaml"]  # and nothing else left
 
 
 @pytest.mark.parametrize("damage", ["model:\n  class_path: models.SeqNet\n  init_args: {optimi", "", "\x00\x81"])

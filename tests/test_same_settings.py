@@ -81,3 +81,12 @@ def test_nodes_that_differ_only_in_per_node_settings_train_as_one_job(data_dir, 
     argv = small_run(data_dir, tmp_path / "runs", accelerator=None, max_epochs=1)
     result = run_local_cluster(2, 1, *argv, env={"NODE_ARGS_1": node_1}, timeout=120)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_arguments_of_the_same_class_that_differ_are_shown_whole_and_processes_named_where_nodes_cannot_be():
+    callback = {"class_path": "tests.helpers.SlowValidation", "init_args": {"seconds": 1}}
+    other = {**callback, "init_args": {"seconds": 7}}
+    node_0, node_1 = settings(), settings()
+    node_0["trainer"]["callbacks"], node_1["trainer"]["callbacks"] = [callback], [other]
+    line = disagreement({0: node_0, 1: node_1}, "global rank")
+    assert '"seconds": 1' in line and '"seconds": 7' in line and "on global rank 0 and " in line

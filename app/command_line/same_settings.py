@@ -1,23 +1,22 @@
-"""SameSettings: every node of a job was started with the same settings, checked when the processes meet.
+"""Every node of a job runs with the same settings, checked when the processes meet.
 
 Each node of a cluster gets its own command line (an sbatch script edited on one node, a pod spec, a shell per
 host), and nothing in Lightning or torch compares them. Nodes that disagree drift apart in silence (another
 learning rate: each node steps its own optimizer on the averaged gradient) or hang until the process-group timeout
 (another number of epochs: one node waits in the test while the other trains), or fail in DDP's C++ (another
-model). Here the processes compare their settings once, before anything is written: a digest each, and the settings
-themselves only when the digests differ.
+model). Here the processes compare their settings once, right after they meet and before any of them writes a
+file: a digest each, and the settings themselves only when the digests differ.
 """
 
 import hashlib
 import json
-from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import Strategy
 
 from app.command_line.errors import UserError
-from app.run.continuation import changes_between, shown
+from app.run.continuation import differences, shown
 
 # Settings that may differ from node to node (docs/multinode.md): paths on a node's own disks, how a node loads its
 # data, what it displays, and what its launcher decides. `--config` files are compared by what they set, and
@@ -25,6 +24,7 @@ from app.run.continuation import changes_between, shown
 PER_NODE = {
     "config": (),
     "ckpt_path": (),
+    "weights_only": (),
     "data": ("data_dir", "num_workers", "pin_memory"),
     "trainer": ("default_root_dir", "devices", "num_nodes", "enable_progress_bar"),
     "checkpoint": ("dirpath",),
@@ -36,31 +36,42 @@ COMMAND, STARTS_FROM = "subcommand", "starts_from"  # keys of the settings besid
 SAID_AS = {f"--{COMMAND}": "the subcommand", f"--{STARTS_FROM}": "the checkpoint of --ckpt_path"}
 
 
-class SameSettings(Callback):
-    """When the processes have met (the first `setup`, before the run's folder is written), compare the settings
-    of every process; where they differ, every process raises the same `UserError`, naming each option that differs
-    and its value on each node.
+class CompareWhenTheyMeet:
+    """Takes the place of `strategy.setup_environment`: the strategy's own, which meets the other processes, then
+    the comparison of `settings` (the command's, with `COMMAND` and `STARTS_FROM` added), once.
 
-    `settings` returns the parsed settings of the command (LightningCLI's config of its subcommand, as a dict),
-    with `COMMAND` (what the command runs) and `STARTS_FROM` (the step of the checkpoint it starts from) added.
+    Lightning has no hook in between: `Trainer._run` sets up the environment, then its setup hook opens every
+    logger's folder and event file before any callback's `setup` runs. Where the settings differ, every process
+    raises the same `UserError`, which names each option that differs and its value on each node (or process).
     """
 
-    def __init__(self, settings: Callable[[], dict[str, Any]]) -> None:
-        self.settings = settings
-        self.compared = False
+    def __init__(self, strategy: Strategy, settings: dict[str, Any]) -> None:
+        self.strategy, self.set_up, self.settings = strategy, strategy.setup_environment, settings
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self.compared or trainer.world_size == 1 or not dist.is_initialized():
-            return
-        self.compared = True
-        mine = compared_settings(self.settings())
-        digests: list[tuple[int, str] | None] = [None] * trainer.world_size
-        dist.all_gather_object(digests, (trainer.node_rank, _digest(mine)))
-        if len({digest for _node, digest in digests}) == 1:
-            return
-        everyone: list[tuple[int, dict] | None] = [None] * trainer.world_size
-        dist.all_gather_object(everyone, (trainer.node_rank, mine))
-        raise UserError(disagreement(dict(everyone)))
+    @classmethod
+    def install(cls, strategy: Strategy, settings: dict[str, Any]) -> None:
+        strategy.setup_environment = cls(strategy, settings)
+
+    def __call__(self) -> None:
+        self.set_up()
+        self.strategy.setup_environment = self.set_up  # once: a test after the fit has met already
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            same_settings_everywhere(compared_settings(self.settings), self.strategy.node_rank)
+
+
+def same_settings_everywhere(mine: dict[str, Any], node_rank: int) -> None:
+    """Raise the same `UserError` in every process where the processes' settings differ (two collectives where
+    they differ, one where they agree, reached by every process alike)."""
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, (node_rank, _digest(mine)))
+    if len({digest for _node, digest in digests}) == 1:
+        return
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    by_node = all(len({d for n, d in digests if n == node}) == 1 for node, _ in digests)  # nodes agree inside
+    if by_node:
+        raise UserError(disagreement({node: everyone[rank] for rank, (node, _digest_) in enumerate(digests)}, "node"))
+    raise UserError(disagreement(dict(enumerate(everyone)), "global rank"))
 
 
 def compared_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -74,28 +85,34 @@ def compared_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
-def disagreement(settings_of_node: dict[int, dict[str, Any]]) -> str:
-    """One line naming each option whose value differs between the nodes, with its value on each node."""
-    nodes = sorted(settings_of_node)
-    options: dict[str, dict[int, Any]] = {}
-    for node in nodes[1:]:
-        for change in changes_between(settings_of_node[nodes[0]], settings_of_node[node]):
-            options.setdefault(change.option, {nodes[0]: change.before})[node] = change.after
+def disagreement(settings_of: dict[int, dict[str, Any]], who: str = "node") -> str:
+    """One line naming each option whose value differs between the nodes (or processes: `who`), with its value on
+    each of them."""
+    names = sorted(settings_of)
+    first = settings_of[names[0]]
+    values: dict[str, dict[int, Any]] = {}
+    for name in names[1:]:
+        for change in differences(first, settings_of[name]):
+            values.setdefault(change.option, {names[0]: change.before})[name] = change.after
     said = []
-    for option, values in options.items():
-        by_value: dict[str, list[int]] = {}
-        for node in nodes:  # a node that agrees with node `nodes[0]` on this option has its value
-            by_value.setdefault(shown(values.get(node, values[nodes[0]])), []).append(node)
-        on_nodes = " and ".join(f"{value} on {_nodes(where)}" for value, where in by_value.items())
-        said.append(f"{SAID_AS.get(option, option)} is {on_nodes}")
+    for option, differing in values.items():
+        value_of = {name: differing.get(name, differing[names[0]]) for name in names}  # the others agree with the first
+        as_shown = {name: shown(value) for name, value in value_of.items()}
+        if len(set(as_shown.values())) == 1:  # `shown` names classes only: their arguments differ
+            as_shown = {name: json.dumps(value, sort_keys=True) for name, value in value_of.items()}
+        where: dict[str, list[int]] = {}
+        for name in names:
+            where.setdefault(as_shown[name], []).append(name)
+        on = " and ".join(f"{value} on {_them(who, numbers)}" for value, numbers in where.items())
+        said.append(f"{SAID_AS.get(option, option)} is {on}")
     return (
         f"the nodes were started with different settings: {'; '.join(said)}. Start every node with the same"
         " command line."
     )
 
 
-def _nodes(numbers: list[int]) -> str:
-    return f"node {numbers[0]}" if len(numbers) == 1 else f"nodes {', '.join(map(str, numbers))}"
+def _them(who: str, numbers: list[int]) -> str:
+    return f"{who} {numbers[0]}" if len(numbers) == 1 else f"{who}s {', '.join(map(str, numbers))}"
 
 
 def _digest(settings: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_o
 from app.command_line.invocation import tool, train_py
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
-from app.command_line.same_settings import COMMAND, STARTS_FROM, SameSettings
+from app.command_line.same_settings import COMMAND, STARTS_FROM, CompareWhenTheyMeet
 from app.command_line.trainer import Trainer
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
 from app.job.fault_guard import FaultGuard, last_checkpoint_path
@@ -341,7 +341,6 @@ class TrainCLI(LightningCLI):
                     header += "\nChanged: " + ", ".join(map(str, self.start.changes))
         self.save_config_kwargs = {"run": self.run, "header": header, "overwrite": False}
         trainer = super().instantiate_trainer(**kwargs)
-        trainer.callbacks.insert(0, SameSettings(self._settings_every_node_shares))  # before anything is written
         for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
             guard.node = self.node  # it watches the processes of this node once they have met
             guard.test_after_fit = self.test_after_fit  # the heartbeats go on from the fit into the test
@@ -372,13 +371,15 @@ class TrainCLI(LightningCLI):
         return f"{train_py()}{subcommand} --ckpt_path {where}{shape}"
 
     def _settings_every_node_shares(self) -> dict:
-        """What the nodes of a job must agree on (`SameSettings`): the settings the command runs with, what it runs,
-        and the step of the checkpoint it starts from (its path may differ from node to node)."""
+        """What the nodes of a job must agree on (`CompareWhenTheyMeet`): the settings the command runs with, what it
+        runs, and the step of the checkpoint it starts from (its path may differ from node to node)."""
         settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
-        settings[COMMAND] = "none (fit, then test)" if self.test_after_fit else self.subcommand
+        settings[COMMAND] = "fit then test (none named)" if self.test_after_fit else self.subcommand
         if self.start is not None:
             settings[STARTS_FROM] = f"step {self.start.contents.get('global_step', 0)}"
-        else:  # none, or a name Lightning resolves (best, a registry's)
+        elif self._setting("ckpt_path") in (None, "last"):  # `fit --ckpt_path last` with nothing to continue
+            settings[STARTS_FROM] = "none"
+        else:  # a name Lightning resolves (best, a registry's)
             settings[STARTS_FROM] = self._setting("ckpt_path")
         return settings
 
@@ -460,6 +461,7 @@ class TrainCLI(LightningCLI):
                 remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
+        CompareWhenTheyMeet.install(self.trainer.strategy, self._settings_every_node_shares())
         self.node.checked.set()  # from here, a mistake met by a process train.py started early is its own
 
     def _refuse_untrained_weights(self) -> None:

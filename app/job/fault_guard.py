@@ -45,11 +45,11 @@ class FaultGuard(Callback):
 
     Args:
         every_n_steps: Optimizer steps between two checks of signals and loss; each check is one all-reduce of four
-            flags. With 1 the ranks compare flags before every step, as often as Lightning does by itself.
+            flags. With 1 the ranks compare flags after every optimizer step, as often as Lightning does by itself.
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
             (`app/job/heartbeats.py`): no collective, nothing the training step waits for. Processes that all
-            answer but wait in different stages or epochs for as long are named too (a deadlock). Also how long the
+            answer but wait in different collectives for as long are named too (a deadlock). Also how long the
             process that started the others of its node goes on after one of them failed (60 s with 0): on NCCL, a
             collective waits for a lost process until the process-group timeout.
         checkpoint_every_s: Seconds of training after which every rank saves `last.ckpt` at the next check, in the

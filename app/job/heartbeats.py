@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from app.job.store import under_torchrun
 
 # What a store call raises when no answer came within the store's timeout (the store lives, its holder may not).
 NO_ANSWER_IN_TIME = (dist.DistStoreError, TimeoutError)
+DEADLOCK_SAID = "deadlock_said"  # set by the process that named a deadlock: the others end without a word
 
 
 class Heartbeats:
@@ -31,11 +32,14 @@ class Heartbeats:
     agent) is the silent one. The counts come from a thread: a long validation, a checkpoint on slow storage or a
     download by one rank keeps counting, while the process runs at all.
 
-    With each count a process also puts where it stands (`where`: its stage, epoch and step). Processes that all
-    answer but stand in different stages or epochs, none of them moving for `limit_s` seconds, no longer meet in
-    the same collective (one trains on while another waits in the test): each is named with where it stands, and
-    the job ends, where torch would wait for the process-group timeout (30 minutes). Processes in the same stage and
-    epoch are waiting for a slow one, and are left alone.
+    With each count a process also puts where it stands (`where`: its stage, epoch and step) and whether its main
+    thread waits in a collective (`waiting`). Processes that all answer and all wait in a collective, in different
+    places, none of them moving for `limit_s` seconds, no longer meet in the same collective (one trains on while
+    another waits in the test): the lowest of them names each with where it stands and ends the job, where torch
+    would wait for the process-group timeout (30 minutes); the others end when they read that it did. While one
+    process is busy outside a collective (a slow validation, a slow disk), the others are waiting for it, and all
+    are left alone. (On NCCL a process waits for a collective where it next synchronises with its GPU, which need
+    not be seen as such: there the process-group timeout may be what ends a deadlock.)
 
     `store` is the job's store (under a prefix of this job's own), `where` says where this process stands (a list
     of JSON values, read in this thread), `on_stall` is called before the process ends and returns what is kept of
@@ -54,11 +58,13 @@ class Heartbeats:
         on_stall: Callable[[], str],
         where: Callable[[], list] = list,
         end_job: Callable[[int], object] = os._exit,
+        waiting: Callable[[], bool] | None = None,
     ):
         self.rank, self.world_size, self.limit_s = rank, world_size, limit_s
         self.store = store
         self.on_stall = on_stall
         self.where = where
+        self.waiting = waiting or main_thread_waits_in_a_collective
         self.end_job = end_job
         self.interval_s = min(max(limit_s / 10, 0.5), 10)
         self.stopped = threading.Event()
@@ -103,8 +109,10 @@ class Heartbeats:
         places: list | None = None  # where each process stood when one of them last moved
         still_since = time.monotonic()
         while not self.stopped.is_set():
-            here = json.dumps(self.where())
+            here = json.dumps([*self.where(), self.waiting()])
             try:
+                if self.store.check([DEADLOCK_SAID]):  # the lowest live rank named a deadlock and ended
+                    self._end("", "", speaker_not_in=range(self.world_size))
                 self.store.set(f"at/{self.rank}", here)
                 self.store.add(f"beat/{self.rank}", 1)
                 now_counts = [self.store.add(f"beat/{rank}", 0) for rank in ranks]  # add 0: a missing key reads 0
@@ -132,7 +140,7 @@ class Heartbeats:
                 now_places = [json.loads(at[rank]) if rank in live else None for rank in ranks]
                 if now_places != places:
                     places, still_since = now_places, now
-                elif now - still_since > self.limit_s and len({str(p[:3]) for p in places if p}) > 1:
+                elif now - still_since > self.limit_s and self.rank == min(live) and _deadlocked(places):
                     self._end_for_deadlock(places, round(now - still_since))
             self.stopped.wait(self.interval_s)
 
@@ -160,29 +168,40 @@ class Heartbeats:
             f"global rank {self._describe(rank)} is in {_place(place)}" for rank, place in enumerate(places) if place
         )
         line = f"The processes of the job wait for each other in different places, none moved for {still_s} s: {where}."
-        self._end(line, "the processes of the job no longer meet in the same collective (a deadlock)")
+        self._end(line, "the processes of the job no longer meet in the same collective (a deadlock)", said=True)
 
-    def _end(self, line: str, error: str, speaker_not_in: list[int] = (), kill: list[int] = ()) -> None:
-        """Say `line` and `error` from the lowest rank outside `speaker_not_in`, kill the processes of `kill` that
-        live here, and end this process."""
+    def _end(
+        self, line: str, error: str, speaker_not_in: Iterable[int] = (), kill: list[int] = (), said: bool = False
+    ) -> None:
+        """Say `line` and `error` from the lowest rank outside `speaker_not_in` (and, `said`, tell the others it
+        did), kill the processes of `kill` that live here, and end this process, whatever fails on the way."""
         if not self.ending.acquire(blocking=False):
             return
-        if kill:
-            note_the_loss()
-        speakers = [rank for rank in range(self.world_size) if rank not in speaker_not_in]
-        if self.rank == min(speakers, default=self.rank):
-            print(line, flush=True)
-            kept = self.on_stall()
-            print(f"error: {error}, so the job ends; {kept}.", file=sys.stderr, flush=True)
-        else:
-            self.on_stall()
-        here = _pid_space()
-        for rank in kill:  # a process of this machine and pid namespace only: a pid means nothing elsewhere
-            if rank != self.rank and here is not None and rank < len(self.who) and self.who[rank]["pid_space"] == here:
-                with suppress(OSError):
-                    os.kill(self.who[rank]["pid"], signal.SIGKILL)
-        self.stopped.set()
-        self.end_job(1)
+        try:
+            if kill:
+                note_the_loss()
+            speakers = [rank for rank in range(self.world_size) if rank not in speaker_not_in]
+            if self.rank == min(speakers, default=-1):
+                print(line, flush=True)
+                kept = self.on_stall()
+                print(f"error: {error}, so the job ends; {kept}.", file=sys.stderr, flush=True)
+                if said:
+                    self.store.set(DEADLOCK_SAID, "1")
+            else:
+                self.on_stall()
+            here = _pid_space()
+            for rank in kill:  # a process of this machine and pid namespace only: a pid means nothing elsewhere
+                if (
+                    rank != self.rank
+                    and here is not None
+                    and rank < len(self.who)
+                    and self.who[rank]["pid_space"] == here
+                ):
+                    with suppress(OSError):
+                        os.kill(self.who[rank]["pid"], signal.SIGKILL)
+        finally:
+            self.stopped.set()
+            self.end_job(1)
 
     def _describe(self, rank: int) -> str:
         if rank >= len(self.who):
@@ -193,6 +212,23 @@ class Heartbeats:
         if rank >= len(self.who):
             return [rank]
         return [r for r, who in enumerate(self.who) if who["host"] == self.who[rank]["host"]]
+
+
+def _deadlocked(places: list) -> bool:
+    """Every live process waits in a collective (the last item of its place), and not all in the same place."""
+    live = [place for place in places if place]
+    return all(place[-1] for place in live) and len({str(place[:-1]) for place in live}) > 1
+
+
+def main_thread_waits_in_a_collective() -> bool:
+    """Whether this process's main thread waits in torch's collectives right now: its innermost Python frame is one
+    of `torch.distributed`'s (a barrier, an all-reduce or all-gather of metrics or flags) or of autograd's backward
+    (DDP's gradient all-reduce), where it waits for the other processes in C++."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return False
+    path = frame.f_code.co_filename.replace(os.sep, "/")
+    return "/torch/distributed/" in path or "/torch/autograd/" in path
 
 
 def _place(place: list) -> str:

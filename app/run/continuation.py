@@ -148,10 +148,12 @@ def changes_between(before: dict, after: dict) -> list[Change]:
     are not listed), and a class's arguments are compared only when the class stays."""
     before = {key: value for key, value in before.items() if key not in NOT_COMPARED}
     after = {key: value for key, value in after.items() if key not in NOT_COMPARED and key in before}
-    return [change for change in _differences(before, after, "-") if change.option not in WHERE]
+    return [change for change in differences(before, after, "-") if change.option not in WHERE]
 
 
-def _differences(before: Any, after: Any, option: str) -> list[Change]:
+def differences(before: Any, after: Any, option: str = "-") -> list[Change]:
+    """Every option whose value differs between two sets of settings, by its command-line name (`option`: the
+    prefix; "-" at the top)."""
     if before == after:
         return []
     if _is_class(before) or _is_class(after):  # a class and its arguments, or null
@@ -165,7 +167,7 @@ def _differences(before: Any, after: Any, option: str) -> list[Change]:
         return [
             change
             for key in dict.fromkeys([*before, *after])
-            for change in _differences(before.get(key), after.get(key), f"{option}{separator}{key}")
+            for change in differences(before.get(key), after.get(key), f"{option}{separator}{key}")
         ]
     return [Change(option, before, after)]
 

@@ -25,7 +25,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from app.command_line.errors import UserError
-from app.run.checkpoints import fsync_folder
+from app.run.checkpoints import PARTIAL, fsync_folder
 
 DEFAULT_ROOT = "runs"  # --trainer.default_root_dir: where the runs are
 RECORD = "config.yaml"
@@ -78,6 +78,8 @@ class RunFolder(Callback):
                 break
             except FileExistsError:
                 number += 1
+            except FileNotFoundError:  # another command that failed took back the parent it had made
+                self.parent.mkdir(parents=True, exist_ok=True)
         self.path = self.parent / f"version_{number}"
         self._hold()
         return self.path
@@ -201,17 +203,20 @@ def read_record(record: Path) -> dict:
 
 
 def write_record(path: Path, text: str) -> None:
-    """Write a record whole or not at all, and never over an existing file: the text goes into a hidden file
-    beside it first, flushed to the disk, which then takes the name (a hard link fails where the name exists)."""
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
+    """Write a record whole or not at all, and never over an existing file: the text goes into a hidden file beside
+    it, flushed to the disk, which then takes the name. (The run's folder is this process's alone, claimed or
+    locked: nothing else writes a record there meanwhile.)"""
+    if path.exists():
+        raise FileExistsError(errno.EEXIST, "a record is never overwritten", str(path))
+    partial = path.with_name(f".{path.name}{PARTIAL}")
     try:
-        os.link(partial, path)
+        with partial.open("w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
     finally:
-        partial.unlink()
+        partial.unlink(missing_ok=True)
     fsync_folder(path.parent)
 
 
