@@ -380,7 +380,7 @@ def test_an_open_ended_run_trains_until_its_step_limit_and_says_what_its_learnin
     )
     assert (
         "learning rate 0.01, constant: the run's number of steps is open (--trainer.max_epochs -1 without"
-        " --trainer.max_steps), so there is no one-cycle schedule to plan" in endless.stderr
+        " --trainer.max_steps), so there is no one-cycle schedule to plan" in endless.stdout + endless.stderr
     )
     group = last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["optimizer_states"][0]["param_groups"][0]
     assert group["lr"] == 0.01 and "max_lr" not in group
