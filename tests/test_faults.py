@@ -95,20 +95,20 @@ def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(
 
 def test_a_stop_inside_an_accumulated_step_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path):
     """Plain SGD, 3 batches a step (10 batches an epoch: steps end after batches 3, 6, 9 and 10), a check after
-    every step, SIGTERM after the second batch of a step: the stop waits for that step, whose gradients a
-    checkpoint could not hold."""
+    every step, SIGTERM after the fifth batch, inside the second step: the stop waits for that step, whose
+    gradients a checkpoint could not hold."""
     sgd = ("--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.1", "--model.one_cycle", "false")
     accumulate = ("--trainer.accumulate_grad_batches", "3", "--fault_guard.every_n_steps", "1", *sgd)
-    never_stopped = run_train("fit", *argv(data_dir, tmp_path / "never", *accumulate))
+    never_stopped = run_train("fit", *argv(data_dir, tmp_path / "never", *accumulate, max_epochs=1))
     assert never_stopped.returncode == 0, never_stopped.stderr[-3000:]
-    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermMidWindow",)
-    stopped = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, *sigterm))
+    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermMidWindow", "--trainer.callbacks.epoch", "0")
+    stopped = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, *sigterm, max_epochs=1))
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    assert "Stopped by SIGTERM in epoch 1, after step 6;" in stopped.stdout + stopped.stderr  # 4 + 2 steps
-    resumed = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, "--ckpt_path", "last"))
+    assert "Stopped by SIGTERM in epoch 0, after step 2;" in stopped.stdout + stopped.stderr  # not after batch 5
+    resumed = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, "--ckpt_path", "last", max_epochs=1))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final, expected = last_checkpoint(tmp_path / "stopped"), last_checkpoint(tmp_path / "never")
-    assert final["global_step"] == expected["global_step"] == 8
+    assert final["global_step"] == expected["global_step"] == 4
     assert max_difference(final["state_dict"], expected["state_dict"]) < 1e-4
 
 

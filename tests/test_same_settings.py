@@ -78,7 +78,7 @@ def test_nodes_that_differ_only_in_per_node_settings_train_as_one_job(data_dir, 
     local_copy = tmp_path / "node1-data"
     shutil.copytree(data_dir, local_copy)
     node_1 = f"--data.data_dir {local_copy} --data.num_workers 1"
-    argv = small_run(data_dir, tmp_path / "runs", accelerator=None, max_epochs=1)
+    argv = small_run(data_dir, tmp_path / "runs", "--trainer.max_steps", "3", accelerator=None, max_epochs=1)
     result = run_local_cluster(2, 1, *argv, env={"NODE_ARGS_1": node_1}, timeout=120)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
