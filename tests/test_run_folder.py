@@ -4,6 +4,7 @@ nothing lost or mixed up (real runs of train.py on CPU, and the folder mechanism
 import hashlib
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import yaml
 
 from app.command_line.errors import UserError
 from app.run.continuation import changes_between
-from app.run.folder import RunFolder, write_record
+from app.run.folder import RunFolder, read_record, write_record
 from tests import preloaded
 from tests.helpers import NO_NETWORK, REPO, Run, run_train, small_run
 
@@ -403,12 +404,19 @@ def test_a_record_is_written_whole_or_not_at_all_and_never_over_another(tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == ["config.yaml"]  # and nothing else left
 
 
-@pytest.mark.parametrize("damage", ["model:\n  class_path: models.SeqNet\n  init_args: {optimi", "", "\x00\x81"])
-def test_a_damaged_record_is_one_line_naming_the_file(checkpoint, tmp_path, data_dir, damage):
+@pytest.mark.parametrize("damage", ["", "\x00\x81", "- a list\n"])
+def test_a_record_that_holds_no_settings_is_named(tmp_path, damage):
+    record = tmp_path / "config.yaml"
+    record.write_bytes(damage.encode("latin-1"))
+    with pytest.raises(UserError, match=f"^{re.escape(str(record))} is damaged \\("):
+        read_record(record)
+
+
+def test_a_damaged_record_is_one_line_naming_the_file(checkpoint, tmp_path, data_dir):
     best, _ = checkpoint
     run = tmp_path / "SeqNet-mnist" / "version_0"
     shutil.copytree(best.parents[1], run, ignore=shutil.ignore_patterns("test", "predict", "validate"))
-    (run / "config.yaml").write_bytes(damage.encode("latin-1"))
+    (run / "config.yaml").write_text("model:\n  class_path: models.SeqNet\n  init_args: {optimi")  # cut short
     before = folder_hashes(run)
     result = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
