@@ -226,6 +226,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_last_checkpoint(data
     lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert lines[0].startswith(f"error: cannot save the checkpoint last.ckpt: no space left in {folder}")
+    assert f" train.py fit --ckpt_path {tmp_path / 'SeqNet-mnist' / 'version_0'} (" in lines[0]  # the run
     assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]  # no partial file left behind
     assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 10  # epoch 0's, intact
 

@@ -76,7 +76,7 @@ def test_a_rank_that_stopped_beating_is_named_and_killed_and_the_job_ends(store,
     assert watcher.status == 1
     said = capsys.readouterr()
     assert f"Global rank 1 (pid {bystander.pid} on this-host) has given no sign of life for" in said.out
-    assert "error: a process of the job stopped answering, so the job ends; nothing kept." in said.err
+    assert "error: a process of the job stopped answering, so the job ends; nothing kept\n" in said.err
     assert bystander.wait(timeout=30) == -signal.SIGKILL  # a frozen process of this host would stay forever
 
 

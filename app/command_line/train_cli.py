@@ -50,7 +50,7 @@ from app.run.continuation import (
     refuse_weights_that_do_not_fit,
 )
 from app.run.dashboard import Dashboard
-from app.run.folder import CHECKPOINTS, DEFAULT_ROOT, RunFolder, checkpoint_folders, is_run, run_name
+from app.run.folder import CHECKPOINTS, DEFAULT_ROOT, RECORD, RunFolder, checkpoint_folders, is_run, run_name
 from app.run.global_batch import GlobalBatchInfo
 from app.run.model_summary import NetworkSummary
 from app.run.predictions import PredictionWriter
@@ -358,8 +358,10 @@ class TrainCLI(LightningCLI):
         model, data and settings; the processes are this command's. Under a launcher, whose own command starts the
         processes, what to give train.py there."""
         where = last_checkpoint_path(self.trainer)  # on every rank: Lightning gives them rank 0's folders
-        if where is not None and where.parent.name == CHECKPOINTS and is_run(where.parents[1]):
-            where = where.parents[1]  # else (a logger of the user's, say): a new run from its weights
+        if self.run is not None and self.run.path is not None:  # global rank 0, which claimed it
+            where = self.run.path
+        elif where is not None and (where.parents[1] / RECORD).is_file():  # another rank: <run>/checkpoints/last.ckpt
+            where = where.parents[1]  # else (a logger of the user's, say): a new run from the checkpoint's weights
         if self.shape is not None:
             return f"the same {self.shape.launcher} command, with --ckpt_path {where}"
         trainer, shape = self.trainer, ""

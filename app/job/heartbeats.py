@@ -184,7 +184,8 @@ class Heartbeats:
             if self.rank == min(speakers, default=-1):
                 print(line, flush=True)
                 kept = self.on_stall()
-                print(f"error: {error}, so the job ends; {kept}.", file=sys.stderr, flush=True)
+                # No full stop: `kept` ends with the command that continues the run
+                print(f"error: {error}, so the job ends; {kept}", file=sys.stderr, flush=True)
                 if said:
                     self.store.set(DEADLOCK_SAID, "1")
             else:

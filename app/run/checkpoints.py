@@ -135,8 +135,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     f" {self.continue_command()}"
                 )
             else:
-                then = "Free space there, or choose another folder (--trainer.default_root_dir), and train again"
-            raise UserError(f"cannot save the checkpoint {target.name}: {full} in {target.parent}. {then}.") from error
+                then = "Free space there, or choose another folder (--trainer.default_root_dir), and train again."
+            # No full stop after a command: copied with it, the path would be another
+            raise UserError(f"cannot save the checkpoint {target.name}: {full} in {target.parent}. {then}") from error
         os.replace(partial, target)
         fsync_folder(target.parent)  # and the new name is on the disk too
 
