@@ -156,14 +156,20 @@ def test_under_torchrun_a_silent_store_names_the_ranks_of_its_host_and_never_thi
     assert killed == [12345]  # rank 0, never this process
 
 
-def test_processes_that_all_wait_in_collectives_in_different_places_are_named_by_one_and_all_end(store, capsys):
-    """Rank 0 went on to the test while rank 1 still trains its second epoch: both beat, both wait, neither moves."""
+def two_ranks_standing(store: dist.TCPStore, *places: tuple[list, bool]) -> list[Watcher]:
+    """Ranks 0 and 1 started, each standing still at its place (stage, epoch, step...), waiting in a collective or
+    not."""
     ranks = [
-        Watcher(client(store), 0, lambda: ["test", "test", 1, 10, 25], waiting=True),
-        Watcher(client(store), 1, lambda: ["fit", "train", 1, 11, 11], waiting=True),
+        Watcher(client(store), rank, lambda p=place: p, waiting=waits) for rank, (place, waits) in enumerate(places)
     ]
     for watcher in ranks:
         watcher.beats.start()
+    return ranks
+
+
+def test_processes_that_all_wait_in_collectives_in_different_places_are_named_by_one_and_all_end(store, capsys):
+    """Rank 0 went on to the test while rank 1 still trains its second epoch: both beat, both wait, neither moves."""
+    ranks = two_ranks_standing(store, (["test", "test", 1, 10, 25], True), (["fit", "train", 1, 11, 11], True))
     assert all(watcher.ended.wait(LIMIT_S * 20) for watcher in ranks), "the deadlock was never named"
     said = capsys.readouterr()
     (line,) = [line for line in said.out.splitlines() if line.startswith("The processes")]  # said once
@@ -177,12 +183,7 @@ def test_processes_that_all_wait_in_collectives_in_different_places_are_named_by
 
 def test_processes_waiting_for_one_that_is_busy_elsewhere_are_left_alone(store, capsys):
     """Rank 0 still finishes the fit (a slow disk, a long validation) while rank 1 waits in the test's barrier."""
-    ranks = [
-        Watcher(client(store), 0, lambda: ["fit", "validate", 0, 10, 14], waiting=False),
-        Watcher(client(store), 1, lambda: ["test", "test", 1, 10, 12], waiting=True),
-    ]
-    for watcher in ranks:
-        watcher.beats.start()
+    ranks = two_ranks_standing(store, (["fit", "validate", 0, 10, 14], False), (["test", "test", 1, 10, 12], True))
     assert not any(watcher.ended.wait(LIMIT_S * 3) for watcher in ranks), capsys.readouterr().out
     for watcher in ranks:
         watcher.beats.stop()
