@@ -68,9 +68,25 @@ def test_each_way_of_naming_a_checkpoint_exports_the_same_model(run, tmp_path, c
 def test_an_evaluation_without_a_checkpoint_is_refused_in_one_line(data_dir, tmp_path, stage):
     with pytest.raises(SystemExit) as exit_info:
         main([stage, "--data.data_dir", str(data_dir), *COMMON, "--trainer.default_root_dir", str(tmp_path)])
+    needs = f"error: {stage} needs trained weights: without --ckpt_path it would evaluate an untrained model."
     assert exit_info.value.code == (
-        f"error: {stage} needs trained weights: without --ckpt_path it would evaluate an untrained model. Add"
-        f" --ckpt_path last (the latest run in {tmp_path / 'SeqNet-fashion_mnist'}), a run's folder, or a checkpoint"
-        " file."
+        f"{needs} {tmp_path / 'SeqNet-fashion_mnist'} holds no trained run: add --ckpt_path with a checkpoint file, or"
+        " train first."
     )
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_an_evaluation_without_a_checkpoint_names_the_runs_it_can_evaluate(run, data_dir):
+    """The runs under the root are of SeqNet on MNIST; the command names FashionMNIST."""
+    root = run.parents[1]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--data.data_dir", str(data_dir), *COMMON, "--trainer.default_root_dir", str(root)])
+    assert exit_info.value.code.endswith(
+        f"{root / 'SeqNet-fashion_mnist'} holds no trained run: add --model SeqNet --data.dataset mnist"
+        " --ckpt_path last"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--data.dataset", "mnist", *COMMON, "--trainer.default_root_dir", str(root)])
+    assert exit_info.value.code.endswith(
+        f"Add --ckpt_path last (the latest run in {root / 'SeqNet-mnist'}), a run's folder, or a checkpoint file."
+    )

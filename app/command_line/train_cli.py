@@ -50,7 +50,16 @@ from app.run.continuation import (
     refuse_weights_that_do_not_fit,
 )
 from app.run.dashboard import Dashboard
-from app.run.folder import CHECKPOINTS, DEFAULT_ROOT, RECORD, RunFolder, checkpoint_folders, is_run, run_name
+from app.run.folder import (
+    CHECKPOINTS,
+    DEFAULT_ROOT,
+    RECORD,
+    RunFolder,
+    checkpoint_folders,
+    is_run,
+    newest_run_with_a_checkpoint,
+    run_name,
+)
 from app.run.global_batch import GlobalBatchInfo
 from app.run.model_summary import NetworkSummary
 from app.run.predictions import PredictionWriter
@@ -471,10 +480,17 @@ class TrainCLI(LightningCLI):
         model that was never trained, and print and log its figures as if they meant something."""
         if self.subcommand == "fit" or self._setting("ckpt_path"):
             return
-        raise UserError(
-            f"{self.subcommand} needs trained weights: without --ckpt_path it would evaluate an untrained model. Add"
-            f" --ckpt_path last (the latest run in {self._runs_of_model()}), a run's folder, or a checkpoint file."
-        )
+        needs = f"{self.subcommand} needs trained weights: without --ckpt_path it would evaluate an untrained model."
+        runs = self._runs_of_model()
+        if newest_run_with_a_checkpoint(runs) is not None:
+            how = f"Add --ckpt_path last (the latest run in {runs}), a run's folder, or a checkpoint file."
+        else:  # the runs there are of other models or data: how to name each
+            others = [g.name.split("-", 1) for g in sorted(runs.parent.glob("*-*")) if newest_run_with_a_checkpoint(g)]
+            named = " or ".join(f"--model {model} --data.dataset {data} --ckpt_path last" for model, data in others)
+            how = f"{runs} holds no trained run: add " + (
+                named or "--ckpt_path with a checkpoint file, or train first."
+            )
+        raise UserError(f"{needs} {how}")
 
     def _continuing(self) -> bool:
         """Whether this command continues a run in its folder (`fit --ckpt_path last`, or a run's folder)."""
