@@ -57,6 +57,7 @@ def test_exported_model_takes_pixels_and_gives_the_checkpoints_logits(
         ({"--ckpt_path": "no/such.ckpt"}, "--ckpt_path no/such.ckpt: no such file"),
         ({"--output": "a_file/model.onnx"}, "cannot write there"),
         ({"--output": None}, "required: --output"),
+        ({"--output": "a_file"}, "--output a_file exists already: give another file name, or remove it first."),
     ],
 )
 def test_bad_export_arguments_end_in_one_line(checkpoint, tmp_path, monkeypatch, change, words):

@@ -139,3 +139,6 @@ def test_sigterm_during_an_evaluation_stops_it_at_once_with_status_143(checkpoin
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
     assert "Finished" not in result.stderr and "Predictions:" not in result.stderr
     assert "Traceback" not in result.stderr
+    said = f"Stopped: the {subcommand} was cut short and keeps nothing. Run the same command to {subcommand}."
+    assert said in result.stdout
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # its folder taken back: no empty figures

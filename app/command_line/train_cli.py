@@ -17,6 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.plugins.environments import ClusterEnvironment
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.argv import subcommand_of
 from app.command_line.checks import (
@@ -34,6 +35,7 @@ from app.command_line.invocation import tool, train_py
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
 from app.command_line.same_settings import COMMAND, STARTS_FROM, CompareWhenTheyMeet
+from app.command_line.say import say
 from app.command_line.trainer import Trainer
 from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
 from app.job.fault_guard import FaultGuard, last_checkpoint_path
@@ -68,6 +70,8 @@ from app.run.replan import ReplanOnResume
 from app.run.tensorboard import RunLogger
 from datamodules import MNISTDataModule
 from models import ImageClassifier, model_names
+
+STOPS = (KeyboardInterrupt, SIGTERMException)  # Ctrl-C, and a stop signal FaultGuard turned into an exception
 
 DESCRIPTION = """\
 Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
@@ -275,9 +279,13 @@ class TrainCLI(LightningCLI):
         try:
             with self._errors_named_by_option(), meeting, self.node.ctrl_c_ends_the_meeting():
                 super()._run_subcommand(subcommand)
-        except BaseException:
-            if self.run is not None and not self.run.started and trainer.global_rank == 0:
-                self.run.undo()  # a run, continuation or evaluation that failed or was stopped before its first step
+        except BaseException as error:
+            # A run or continuation that failed or was stopped before its first step, or an evaluation cut short
+            # (its figures come at its end): what it wrote is taken back
+            if self.run is not None and (not self.run.started or subcommand != "fit") and trainer.global_rank == 0:
+                self.run.undo()
+            if subcommand != "fit" and isinstance(error, STOPS):
+                say(f"Stopped: the {subcommand} was cut short and keeps nothing. Run the same command to {subcommand}.")
             raise
 
     @contextmanager
@@ -595,7 +603,13 @@ class TrainCLI(LightningCLI):
         best = checkpoint.best_model_path if checkpoint is not None else ""
         metrics = dict(self.trainer.callback_metrics)  # the last validation's; test() replaces them
         if self.test_after_fit:
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            try:
+                self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+            except STOPS:
+                if best:
+                    said = f"Stopped in the test after training, which had finished; test {best} with:"
+                    say(f"{said} {train_py()} test --ckpt_path {best}")
+                raise
             metrics.update(self.trainer.callback_metrics)
         if self._continuing() and self._trained_nothing():
             rank_zero_info(

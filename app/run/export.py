@@ -87,8 +87,10 @@ def checkpoint_named(args: argparse.Namespace) -> Path:
 
 
 def export(args: argparse.Namespace) -> Path:
-    model, class_names, dataset = load(checkpoint_named(args))
     output = Path(args.output)
+    if output.exists():  # nothing this program writes overwrites an earlier output
+        raise ExportError(f"--output {output} exists already: give another file name, or remove it first.")
+    model, class_names, dataset = load(checkpoint_named(args))
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         if args.format == "torchscript":

@@ -78,7 +78,7 @@ class PredictionWriter(BasePredictionWriter):
         )
         path.parent.mkdir(parents=True, exist_ok=True)
         with _new_file(path) as out:
-            writer = csv.writer(out)
+            writer = csv.writer(out, lineterminator="\n")  # lines as Unix tools read them (the csv default: \r\n)
             writer.writerow(header)
             for position in order:
                 index, prediction = int(rows["index"][position]), int(rows["prediction"][position])
