@@ -117,7 +117,8 @@ class Heartbeats:
                 self.store.add(f"beat/{self.rank}", 1)
                 now_counts = [self.store.add(f"beat/{rank}", 0) for rank in ranks]  # add 0: a missing key reads 0
                 everyone_came = min(now_counts) > 0  # every rank said who and where it is before its first beat
-                who = self.store.multi_get([f"who/{r}" for r in ranks]) if everyone_came and not self.who else None
+                if everyone_came and not self.who:  # kept at once: a store that stops answering next is named by it
+                    self.who = [json.loads(value) for value in self.store.multi_get([f"who/{r}" for r in ranks])]
                 at_keys = [f"at/{rank}" for rank in ranks]
                 at = self.store.multi_get(at_keys) if everyone_came and self.store.check(at_keys) else None
             except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_watch_store` names it once `limit_s` is over
@@ -127,8 +128,6 @@ class Heartbeats:
                 self.stopped.set()
                 return
             now = self.last_answer = time.monotonic()
-            if who is not None:
-                self.who = [json.loads(value) for value in who]
             for rank, count in enumerate(now_counts):
                 if count != counts[rank]:
                     counts[rank], moved[rank] = count, now
