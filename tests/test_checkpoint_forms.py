@@ -90,3 +90,27 @@ def test_an_evaluation_without_a_checkpoint_names_the_runs_it_can_evaluate(run, 
     assert exit_info.value.code.endswith(
         f"Add --ckpt_path last (the latest run in {root / 'SeqNet-mnist'}), a run's folder, or a checkpoint file."
     )
+
+
+def test_last_of_a_model_without_runs_names_the_runs_there_are(run, tmp_path):
+    """`export --ckpt_path last` with the defaults (SeqNet on FashionMNIST) where the runs are of SeqNet on MNIST."""
+    root = run.parents[1]
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "export",
+                "--ckpt_path",
+                "last",
+                "--trainer.default_root_dir",
+                str(root),
+                "--format",
+                "onnx",
+                "--output",
+                str(tmp_path / "m"),
+            ]
+        )
+    assert exit_info.value.code == (
+        f"error: --ckpt_path last: no run under {root / 'SeqNet-fashion_mnist'} holds a last checkpoint. Runs of other"
+        " models or data are named with --model SeqNet --data.dataset mnist, or give --ckpt_path a run's folder or a"
+        " checkpoint file."
+    )

@@ -144,7 +144,9 @@ def test_testing_the_last_checkpoint_of_no_run_ends_in_one_line(data_dir, tmp_pa
         main([*argv, "--trainer.default_root_dir", str(tmp_path), "--trainer.accelerator", "cpu", "--devices", "1"])
     message = exit_info.value.code
     assert message.startswith("error: --ckpt_path last: no run under") and "\n" not in message
-    assert message.endswith("holds a last checkpoint. Train first, or give --ckpt_path FILE.")
+    assert message.endswith(
+        "holds a last checkpoint. Train first, or give --ckpt_path a run's folder or a checkpoint file."
+    )
 
 
 class OpensAFile:

@@ -61,6 +61,7 @@ from app.run.folder import (
     is_run,
     newest_run_with_a_checkpoint,
     run_name,
+    trained_runs_in,
 )
 from app.run.global_batch import GlobalBatchInfo
 from app.run.model_summary import NetworkSummary
@@ -493,8 +494,7 @@ class TrainCLI(LightningCLI):
         if newest_run_with_a_checkpoint(runs) is not None:
             how = f"Add --ckpt_path last (the latest run in {runs}), a run's folder, or a checkpoint file."
         else:  # the runs there are of other models or data: how to name each
-            others = [g.name.split("-", 1) for g in sorted(runs.parent.glob("*-*")) if newest_run_with_a_checkpoint(g)]
-            named = " or ".join(f"--model {model} --data.dataset {data} --ckpt_path last" for model, data in others)
+            named = " or ".join(f"{options} --ckpt_path last" for options in trained_runs_in(runs.parent))
             how = f"{runs} holds no trained run: add " + (
                 named or "--ckpt_path with a checkpoint file, or train first."
             )

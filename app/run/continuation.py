@@ -25,6 +25,7 @@ from app.run.folder import (
     newest_record,
     newest_run_with_a_checkpoint,
     read_record,
+    trained_runs_in,
     versions,
 )
 
@@ -87,9 +88,11 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
         if run is None:
             if subcommand == "fit":
                 return None
+            others = " or ".join(trained_runs_in(runs_of_model.parent))
+            how = f"Runs of other models or data are named with {others}" if others else "Train first"
             raise UserError(
-                f"--ckpt_path last: no run under {runs_of_model} holds a last checkpoint. Train first, or give"
-                " --ckpt_path FILE."
+                f"--ckpt_path last: no run under {runs_of_model} holds a last checkpoint. {how}, or give --ckpt_path"
+                " a run's folder or a checkpoint file."
             )
         return _continue(run, root)
     path = Path(ckpt_path)

@@ -177,6 +177,12 @@ def newest_run_with_a_checkpoint(parent: Path) -> Path | None:
     return None
 
 
+def trained_runs_in(root: Path) -> list[str]:
+    """How to name each model and dataset with a trained run in `root`: `--model ConvNet --data.dataset mnist`."""
+    groups = (group.name.split("-", 1) for group in sorted(root.glob("*-*")) if newest_run_with_a_checkpoint(group))
+    return [f"--model {model} --data.dataset {dataset}" for model, dataset in groups]
+
+
 def newest_record(run: Path) -> Path | None:
     """The run's settings as its latest start or continuation recorded them, or None for a run without a record."""
     continued = _continued_records(run)
