@@ -375,11 +375,12 @@ class TrainCLI(LightningCLI):
         """How to continue this run, as the user can type it where they ran this one: the run's folder brings its
         model, data and settings; the processes are this command's. Under a launcher, whose own command starts the
         processes, what to give train.py there."""
-        where = last_checkpoint_path(self.trainer)  # on every rank: Lightning gives them rank 0's folders
         if self.run is not None and self.run.path is not None:  # global rank 0, which claimed it
             where = self.run.path
-        elif where is not None and (where.parents[1] / RECORD).is_file():  # another rank: <run>/checkpoints/last.ckpt
-            where = where.parents[1]  # else (a logger of the user's, say): a new run from the checkpoint's weights
+        else:  # another rank: Lightning gave it rank 0's folders, `<run>/checkpoints/last.ckpt`
+            where = last_checkpoint_path(self.trainer)
+            if where is not None and (where.parent.parent / RECORD).is_file():
+                where = where.parent.parent  # else (a logger of the user's, say): a new run from its weights
         if self.shape is not None:
             return f"the same {self.shape.launcher} command, with --ckpt_path {where}"
         trainer, shape = self.trainer, ""
@@ -481,7 +482,8 @@ class TrainCLI(LightningCLI):
                 remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
-        CompareWhenTheyMeet.install(self.trainer.strategy, self._settings_every_node_shares())
+        if self.trainer.world_size > 1:  # one process has no one to compare with
+            CompareWhenTheyMeet.install(self.trainer.strategy, self._settings_every_node_shares())
         self.node.checked.set()  # from here, a mistake met by a process train.py started early is its own
 
     def _refuse_untrained_weights(self) -> None:

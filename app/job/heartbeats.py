@@ -104,6 +104,7 @@ class Heartbeats:
 
     def _count(self) -> None:
         ranks = range(self.world_size)
+        who_keys, at_keys = [f"who/{rank}" for rank in ranks], [f"at/{rank}" for rank in ranks]
         counts: list[int] = [0] * self.world_size
         moved = [time.monotonic()] * self.world_size
         places: list | None = None  # where each process stood when one of them last moved
@@ -118,8 +119,7 @@ class Heartbeats:
                 now_counts = [self.store.add(f"beat/{rank}", 0) for rank in ranks]  # add 0: a missing key reads 0
                 everyone_came = min(now_counts) > 0  # every rank said who and where it is before its first beat
                 if everyone_came and not self.who:  # kept at once: a store that stops answering next is named by it
-                    self.who = [json.loads(value) for value in self.store.multi_get([f"who/{r}" for r in ranks])]
-                at_keys = [f"at/{rank}" for rank in ranks]
+                    self.who = [json.loads(value) for value in self.store.multi_get(who_keys)]
                 at = self.store.multi_get(at_keys) if everyone_came and self.store.check(at_keys) else None
             except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_watch_store` names it once `limit_s` is over
                 self.stopped.wait(self.interval_s)

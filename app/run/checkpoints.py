@@ -7,7 +7,7 @@ import pickle
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -32,11 +32,9 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
         raise UserError(f"{option} {path} is a folder, not a checkpoint file.{hint}")
     if not path.is_file():
         there = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
-        hint = (
-            f"{path.parent} holds {', '.join(there)}: give one of them"
-            if there
-            else ("Give a checkpoint written by train.py (runs/*/checkpoints)")
-        )
+        hint = "Give a checkpoint written by train.py (runs/*/checkpoints)"
+        if there:
+            hint = f"{path.parent} holds {', '.join(there)}: give one of them"
         raise UserError(f"{option} {path}: no such file. {hint}.")
     if path.stat().st_size == 0:
         raise UserError(f"{option} {path} is empty (0 bytes): its writing was cut off. Use another checkpoint.")
@@ -118,14 +116,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}{PARTIAL}")
         try:
-            with open(partial, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())  # the bytes are on the disk before the name points at them
+            write_whole(target, lambda file: torch.save(checkpoint, file))
         except (OSError, RuntimeError) as error:
-            partial.unlink(missing_ok=True)
             full = _disk_full(error)
             if full is None:
                 raise
@@ -138,8 +131,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 then = "Free space there, or choose another folder (--trainer.default_root_dir), and train again."
             # No full stop after a command: copied with it, the path would be another
             raise UserError(f"cannot save the checkpoint {target.name}: {full} in {target.parent}. {then}") from error
+
+
+def write_whole(target: Path, write: Callable[[IO], object], mode: str = "wb") -> None:
+    """Write `target` whole or not at all: `write` fills a hidden file beside it, which is flushed to the disk
+    (fsync) before it takes the name, and the folder after, so that its new entry is on the disk too. The hidden
+    file is removed if anything fails on the way (a process killed meanwhile leaves it: `remove_partial_files`)."""
+    partial = target.with_name(f".{target.name}{PARTIAL}")
+    try:
+        with open(partial, mode) as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes are on the disk before the name points at them
         os.replace(partial, target)
-        fsync_folder(target.parent)  # and the new name is on the disk too
+    finally:
+        partial.unlink(missing_ok=True)
+    fsync_folder(target.parent)
 
 
 def remove_partial_files(folder: Path) -> None:

@@ -25,7 +25,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from app.command_line.errors import UserError
-from app.run.checkpoints import PARTIAL, fsync_folder
+from app.run.checkpoints import write_whole
 
 DEFAULT_ROOT = "runs"  # --trainer.default_root_dir: where the runs are
 RECORD = "config.yaml"
@@ -209,21 +209,11 @@ def read_record(record: Path) -> dict:
 
 
 def write_record(path: Path, text: str) -> None:
-    """Write a record whole or not at all, and never over an existing file: the text goes into a hidden file beside
-    it, flushed to the disk, which then takes the name. (The run's folder is this process's alone, claimed or
-    locked: nothing else writes a record there meanwhile.)"""
+    """Write a record whole or not at all (`write_whole`), and never over an existing file. (The run's folder is this
+    process's alone, claimed or locked: nothing else writes a record there meanwhile.)"""
     if path.exists():
         raise FileExistsError(errno.EEXIST, "a record is never overwritten", str(path))
-    partial = path.with_name(f".{path.name}{PARTIAL}")
-    try:
-        with partial.open("w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    fsync_folder(path.parent)
+    write_whole(path, lambda file: file.write(text), mode="w")
 
 
 def next_record_name(run: Path, continuing: bool) -> str:
