@@ -1,31 +1,30 @@
 """Train and test an image classifier with PyTorch Lightning and DDP. `python train.py --help` says how."""
 
 import gc
+import signal
 
-# Importing torch, Lightning, torchvision and torchmetrics creates about a million objects that live as long as the
-# program. With the garbage collector on, Python scans them over and over while importing (a second of start-up on
-# 2 cores, in every process) and once more at exit (another second). Off while importing, then frozen: never scanned.
-gc.disable()
 
-import signal  # noqa: E402
-import sys  # noqa: E402
+def main() -> None:
+    """Import the program, then run it (`app/main.py`).
 
-from app.command_line.quiet import silence_the_shutdown  # noqa: E402
-from app.job.early_start import NodeProcesses  # noqa: E402
-from app.job.network import die_with_parent  # noqa: E402
+    Importing torch, Lightning, torchvision and torchmetrics creates about a million objects that live as long as the
+    program. With the garbage collector on, Python scans them over and over while importing (a second of start-up on
+    2 cores, in every process) and once more at exit: off while importing, then frozen, they are never scanned.
+    Ctrl-C while importing ends the process as the signal does, without a traceback of the import under way. A process
+    that Lightning's launcher or torchrun started dies with its parent from the start (`app/job/children.py`).
+    """
+    from app.job.children import die_with_parent  # noqa: PLC0415 (the standard library only)
 
-silence_the_shutdown()  # first, so that it comes last: the frozen objects below are never freed
+    die_with_parent()
+    gc.disable()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from app.main import main as run  # noqa: PLC0415 (the imports the collector must not scan)
 
-die_with_parent()  # before the slow imports below, while the launcher that started this process surely lives
-node = NodeProcesses.start(sys.argv[1:])  # --devices N: the other processes import what follows at the same time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    gc.freeze()
+    gc.enable()
+    run()
 
-try:
-    from app.main import main
-except KeyboardInterrupt:  # Ctrl-C while importing: stopped, as after it, with no traceback from every process
-    sys.exit(128 + signal.SIGINT)
-
-gc.freeze()
-gc.enable()
 
 if __name__ == "__main__":
-    main(node=node)  # exits with a non-zero status on errors
+    main()

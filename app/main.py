@@ -1,69 +1,80 @@
 """What `train.py` runs: its command line through TrainCLI (or `export`), every mistake in one line, and the exit
-status a shell, torchrun or SLURM reads."""
+status a shell, torchrun or SLURM reads: 0; 1 after a mistake or a bug; after Ctrl-C or SIGTERM, an end by that very
+signal, as any Unix program ends, so that a shell loop around train.py stops on Ctrl-C (130 and 143 in the shell)."""
 
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.command_line.argv import parse_command, subcommand_of
 from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
-from app.command_line.quiet import silence_noise
-from app.command_line.speaking import TRACEBACK_WANTED, exit_with_bug, exit_with_error
+from app.command_line.quiet import silence_noise, silence_the_shutdown
+from app.command_line.speaking import TRACEBACK_WANTED, bug_report, error_line, report
 from app.command_line.train_cli import TrainCLI
-from app.job.early_start import NodeProcesses
+from app.job.children import end_after_the_first_process, wait_for_the_others
 from app.job.network import choose_socket_interface
 from app.job.node_loss import note_the_loss
 from app.job.process_group import close_process_group
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
 
-__all__ = ["main", "parse_command"]
+STOPS = (KeyboardInterrupt, SIGTERMException)  # Ctrl-C, and a stop every rank agreed on (app/job/fault_guard.py)
 
 
-def main(argv: list[str] | None = None, node: NodeProcesses | None = None) -> None:
-    """Run `train.py ARGV`; `node`: the processes of this node that train.py started first thing (none by default)."""
+def main(argv: list[str] | None = None) -> None:
+    """Run `train.py ARGV` (the process's own command line by default), and end as the module says."""
     argv = sys.argv[1:] if argv is None else argv
-    node = node or NodeProcesses()
-    if argv[:1] == ["export"]:
-        export_model(argv[1:], node)
-        return
-    args, test_after_fit = parse_command(argv)
-    silence_noise(subcommand_of(args))
-    interface = choose_socket_interface()
-    if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once per node
-        print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
+    silence_the_shutdown()
+    status = run(argv)
+    if status != 0:
+        end_after_the_first_process()
+        end(status)
+
+
+def run(argv: list[str]) -> int:
+    """Run the command; its exit status, or minus the number of the signal that stopped it."""
+    args = argv
     try:
-        cli = TrainCLI(args, test_after_fit, node)
-    except SIGTERMException as stop:  # every rank stopped at the same step (app/job/fault_guard.py: FaultGuard)
-        # 143 or 130: what shells, torchrun and SLURM read as "ended by SIGTERM" or "by Ctrl-C"
-        sys.exit(128 + getattr(stop, "signum", signal.SIGTERM))
-    except KeyboardInterrupt:  # Ctrl-C before training started or after it ended
-        sys.exit(128 + signal.SIGINT)
+        if argv[:1] == ["export"]:
+            print(f"Exported: {export(parse_export_arguments(argv[1:]))}")
+            return 0
+        args, test_after_fit = parse_command(argv)
+        silence_noise(subcommand_of(args))
+        interface = choose_socket_interface()
+        if interface and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0":  # once a node
+            print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
+        cli = TrainCLI(args, test_after_fit)
+        close_process_group()
+        return wait_for_the_others(cli.processes_started_here())
+    except STOPS as stop:  # every rank stopped at the same step, or Ctrl-C before training started or after it
+        return -getattr(stop, "signum", signal.SIGINT)
     except Exception as error:
         if TRACEBACK_WANTED:
             raise
-        if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS)):
-            exit_with_error(describe(error, args), node)
-        if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
-            note_the_loss()  # for the attempt an elastic launcher starts next
-            exit_with_error(PEER_LOST_MESSAGE, node)
-        exit_with_bug(error, node)
+        report(_what_went_wrong(error, args))
+        return 1
     finally:
-        node.leaving.set()  # from here, a process of this node that fails is not waited for (early_start.py)
-        close_process_group(node)
-    node.wait_for_the_others(cli.processes_started_here())
+        close_process_group()
 
 
-def export_model(argv: list[str], node: NodeProcesses) -> None:
-    """`train.py export ...` (app/run/export.py), with its mistakes in one line."""
-    try:
-        output = export(parse_export_arguments(argv))
-    except Exception as error:
-        if TRACEBACK_WANTED:
-            raise
-        if isinstance(error, (ExportError, *USER_ERRORS)):
-            exit_with_error(describe(error), node)
-        exit_with_bug(error, node)
-    print(f"Exported: {output}")
+def _what_went_wrong(error: Exception, args: list[str]) -> str:
+    """A mistake in one line; a bug with a short traceback."""
+    if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS, ExportError)):
+        return error_line(describe(error, args))
+    if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
+        note_the_loss()  # for the attempt an elastic launcher starts next
+        return error_line(PEER_LOST_MESSAGE)
+    return bug_report(error)
+
+
+def end(status: int) -> NoReturn:
+    """End the process with `status`; with minus a signal's number, by that signal, its default action restored."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status if status > 0 else 128 - status)  # as a shell reports a signal, should the kill not end it

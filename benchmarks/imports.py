@@ -1,7 +1,7 @@
 """Where the imports of train.py's start-up go, dependency by dependency (`python -X importtime`).
 
-Each round runs `python -X importtime -c "import train"` in a fresh interpreter (what every process of a run does
-before it parses the command line) and adds up the time each module's own code took, by the package it belongs
+Each round runs `python -X importtime -c "import train, app.main"` in a fresh interpreter (what every process of a
+run does before it parses the command line) and adds up the time each module's own code took, by the package it belongs
 to: a dependency's figure is its own modules, not what they import from other packages. `--before PATH` runs
 another checkout (a `git worktree` of an earlier commit) in the same rounds. Medians over the rounds, in seconds.
 
@@ -57,7 +57,7 @@ def import_times(checkout: Path) -> dict[str, float]:
     """Seconds spent in each package's own modules while `import train` runs in `checkout`."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import train"],
+        [sys.executable, "-X", "importtime", "-c", "import train, app.main"],
         cwd=checkout,
         env=env,
         capture_output=True,

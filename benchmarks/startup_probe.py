@@ -1,21 +1,27 @@
 """train.py with time stamps (`startup_stamps.py`), for `startup.py`: run in train.py's place, with its arguments.
 
-It imports `train` (train.py's module: its start-up, everything before `main()`), stamps the end of the imports,
-wraps the moments that follow, then runs train.py's `main()`. Processes that train.py or Lightning's launcher start
-run this file again, since they re-run the command line; under torchrun every worker runs it.
+It imports `train` and the program it runs (`app.main`: torch, Lightning, the app; with the garbage collector off, as
+train.py's `main()` does), stamps the end of the imports, wraps the moments that follow, then runs train.py's `main()`.
+Processes that Lightning's launcher starts run this file again, since they re-run the command line; under torchrun
+every worker runs it.
 
-- imported: train.py's module imported (torch, Lightning, the app);
+- imported: torch, Lightning and the app imported;
 - built: the command line parsed and model, data and Trainer built (`Trainer.fit` or another stage called);
 - meeting / met: `torch.distributed.init_process_group` called / returned;
 - first step: the first training step done (optimizer step included).
 """
 
 import functools
+import gc
+import importlib
 import os
 
 from startup_stamps import set_rank, stamp
 
-import train  # noqa: E402 (train.py's own start-up: what this file measures)
+gc.disable()  # as train.py's main() does while it imports
+import train  # noqa: E402 (train.py's own start-up: what this file measures; before this change, it imported all)
+
+importlib.import_module("app.main")  # what train.py's main() imports now
 
 stamp("imported")
 

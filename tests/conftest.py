@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import LAUNCH_PATHS, run_train, scalars
+from tests.helpers import run_train, scalars
 from tests.synthetic import write_dataset
 
 # One thread per process: the suite runs three workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
@@ -34,7 +34,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 LONGEST_FIRST = [
     *("test_errors", "test_elastic", "test_stalls", "test_multinode_failures", "test_faults", "test_multinode"),
     *("test_run_folder", "test_job_start_and_end", "test_checkpoint_forms", "test_same_settings", "test_speed"),
-    *("test_early_start", "test_correctness", "test_cli", "test_predict", "test_ddp", "test_docs"),
+    *("test_correctness", "test_cli", "test_predict", "test_ddp", "test_docs"),
 ]
 
 
@@ -78,12 +78,6 @@ def restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
-
-
-@pytest.fixture(params=list(LAUNCH_PATHS))
-def launch(request: pytest.FixtureRequest) -> tuple[str, ...]:
-    """The options that choose how the other processes of a node start: a test that takes this runs under both."""
-    return LAUNCH_PATHS[request.param]
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import errno
+import io
 import json
 import multiprocessing
 import os
@@ -36,6 +37,25 @@ class Run:
     pid: int  # of the process the user started: rank 0 under Lightning's launcher
 
 
+class Said:
+    line = ""  # what the program said on standard error, without the last line break
+
+
+@contextlib.contextmanager
+def ends_in_error() -> Iterator[Said]:
+    """Around `main(ARGV)` run in this process: it must end with exit status 1; `.line` is what it said on
+    standard error (one line, for a mistake)."""
+    said, stderr = Said(), io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            yield said
+        except SystemExit as exit_info:
+            assert exit_info.code == 1, (exit_info.code, stderr.getvalue())
+        else:
+            raise AssertionError(f"it did not end with an error; it said: {stderr.getvalue()}")
+    said.line = stderr.getvalue().rstrip("\n")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as probe:
@@ -43,14 +63,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-# The two ways the other processes of a node start (docs/architecture.md): train.py starts them before its imports (the
-# early start: `--devices N`), or Lightning's launcher starts them once the first process has built the Trainer (a GPU
-# machine's `--devices auto`, a cluster environment given). LightningEnvironment, the one Lightning picks by itself,
-# given explicitly turns the early start off. Tests that take the `launch` fixture (tests/conftest.py) run under both.
-LAUNCH_PATHS = {
-    "early start": (),
-    "Lightning's launcher": ("--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"),
-}
 WAIT_S = 60  # the longest a test instrument waits for another process before it fails the run
 
 
@@ -122,8 +134,8 @@ def start_train(
 
 class TrainJob:
     """`python train.py ARGS` started by `start_train`, with what the tests use of `subprocess.Popen`'s handle (`pid`,
-    `poll`, `communicate`, `returncode`), its standard output and error in one file. `kill` ends its process group
-    (the forks of its early start are in it)."""
+    `poll`, `communicate`, `wait`, `returncode`), its standard output and error in one file. `kill` ends its process
+    group (the forks of Lightning's launcher are in it)."""
 
     def __init__(self, *args: str, output: Path, env: dict[str, str] | None = None, repo: Path = REPO) -> None:
         self.args = args
@@ -138,11 +150,16 @@ class TrainJob:
     def poll(self) -> int | None:
         return self.process.exitcode
 
-    def communicate(self, timeout: float) -> tuple[str, None]:
-        """Wait for it to end, at most `timeout` seconds (then subprocess.TimeoutExpired); its output."""
+    def wait(self, timeout: float) -> int:
+        """Wait for it to end, at most `timeout` seconds (then subprocess.TimeoutExpired); its exit status."""
         self.process.join(timeout)
         if self.process.exitcode is None:
             raise subprocess.TimeoutExpired(["train.py", *self.args], timeout, self.output.read_text())
+        return self.process.exitcode
+
+    def communicate(self, timeout: float) -> tuple[str, None]:
+        """Wait for it to end, at most `timeout` seconds (then subprocess.TimeoutExpired); its output."""
+        self.wait(timeout)
         return self.output.read_text(), None
 
     def kill(self) -> None:
@@ -308,8 +325,7 @@ class FailOnRank(Callback):
 
 class WaitOnRank0(Callback):
     """Test instrument: global rank 0 waits when training starts, as it would in a collective on NCCL for a process
-    that is lost; after WAIT_S seconds it ends its process with exit status 3 (an error would not be said: another
-    process has spoken), and the test fails."""
+    that is lost; after WAIT_S seconds it ends its process with exit status 3, and the test fails."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank == 0 and not threading.Event().wait(WAIT_S):
@@ -317,15 +333,11 @@ class WaitOnRank0(Callback):
 
 
 class FailOnceRank0Spoke(Callback):
-    """Test instrument, under Lightning's launcher: global rank 0 raises when training starts, as a bug would, and
-    its process ends only after the other processes it started (as on a busy machine, where the end of a process
-    takes a while); global rank 1 raises the same once rank 0 has printed its error (the `spoken` key of
-    app/command_line/speaking.py in the job's store), as a process that meets the bug a moment later does."""
+    """Test instrument: global rank 0 raises when training starts, as a bug would; global rank 1 raises the same once
+    rank 0 has printed its error (the `spoken` key of app/command_line/speaking.py in the job's store), as a process
+    that meets the bug a moment later does."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.global_rank == 0:
-            others = trainer.strategy.launcher.procs
-            atexit.register(lambda: [process.wait(WAIT_S) for process in others])
         if trainer.global_rank == 1:
             from app.job.store import store_client
 
@@ -343,7 +355,7 @@ class FailToBuildOnLocalRank(Callback):
             return
         if kill:
             os.kill(os.getpid(), signal.SIGKILL)
-        from app.command_line.errors import UserError
+        from app.errors import UserError
 
         raise UserError(f"planned mistake in local rank {local_rank} alone")
 
@@ -630,20 +642,6 @@ class FailAtExit(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.global_rank == self.rank and stage == "fit":
             atexit.register(os.abort if self.abort else lambda: os._exit(3))
-
-
-class OutwaitLightningsObserver(Callback):
-    """Test instrument, under Lightning's launcher: global rank 0 ends its training only once the processes it
-    started have ended and Lightning's thread that watches them (every 5 s) has had its look, as on a busy machine,
-    where the end of a run takes a while."""
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if trainer.global_rank == 0 and stage == "fit":
-            for process in trainer.strategy.launcher.procs:
-                process.wait(WAIT_S)
-            for thread in threading.enumerate():
-                if thread.name == "child-process-observer":
-                    thread.join(WAIT_S)
 
 
 class RecordCheckpointIO(Callback):

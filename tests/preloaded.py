@@ -7,18 +7,18 @@ forks inherit no thread pool), then runs train.py as `__main__` in a session of 
 environment, the working directory and the standard streams it would have had. Everything train.py and `app/`
 import and do is theirs, as in a user's run.
 
-The node's other processes that train.py's early start launches (`subprocess.Popen` of train.py's own command line,
-before train.py imports anything heavy: app/job/early_start.py) are forked the same way, from that process at that
-moment, which holds the libraries and nothing else yet: each is a child of the process that started it, with the
-command line, environment and descriptors (`pass_fds`) it was given, and runs train.py again from its first line.
-The processes Lightning's launcher, torchrun or scripts/local_cluster.sh start are real `python train.py` processes.
+The node's other processes that Lightning's launcher starts from `trainer.fit` (`subprocess.Popen` of train.py's own
+command line, with LOCAL_RANK set) are forked the same way, from that process: each is a child of the process that
+started it, with the command line and environment it was given, and runs train.py again from its first line, with
+train.py's own modules imported afresh. The processes torchrun or scripts/local_cluster.sh start are real
+`python train.py` processes.
 
 What differs from a new interpreter: a forked process ends with `os._exit` after the exit handlers, without the
 interpreter's own shutdown, where a library that aborts at exit would show (gloo's "terminate called ..."); its
 command line in /proc is the forkserver's, so a test finds what a run left behind by its session, not by its
 command line; the start-up's own variables (PYTHONPATH, a sitecustomize) are not read again, and sys.path beyond its
-first entry is the test's. The tests of those (tests/test_ddp.py's run, the README's commands, the early start's
-command in tests/test_early_start.py, the launcher tests) start `python train.py` itself.
+first entry is the test's. The tests of those (tests/test_ddp.py's run, the README's commands, the launcher tests)
+start `python train.py` itself.
 """
 
 import atexit
@@ -37,7 +37,6 @@ from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
 
 # Libraries only: what train.py and app/ import themselves they import in each run, as a user's run does.
 LIBRARIES = ["torch", "torchvision", "lightning.pytorch", "torchmetrics", "jsonargparse", "yaml"]
-EARLY_START_MARK = "TRAIN_REPORT_FD"  # in the environment of each process the early start launches
 
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(LIBRARIES)
@@ -60,7 +59,9 @@ def _train(repo: str, args: list[str], env: dict[str, str], stdout: str, stderr:
     # The forkserver made this process its default way to start processes: a new interpreter's default again, with
     # which a DataLoader's workers are forked, as in a user's run, instead of importing train.py once more each.
     multiprocessing.set_start_method(None, force=True)
-    subprocess.Popen = _ForkTheEarlyStart  # before train.py runs: its early start forks (the module says why)
+    subprocess.Popen = (
+        _ForkTheLaunchersProcesses  # before train.py runs: Lightning's launcher forks (the module says why)
+    )
     atexit.register = _recorded(atexit.register)  # what train.py registers is not its forks' (_as_a_new_process)
     os.chdir(repo)
     _run_train_py("train.py", args, env)
@@ -126,14 +127,14 @@ def _recorded(register):
     return register_and_note
 
 
-class _ForkTheEarlyStart(subprocess.Popen):
-    """`subprocess.Popen`, except that train.py's own command line, launched by the early start, is forked from this
-    process and run as a new interpreter would run it (the module says why); every other command runs as it is."""
+class _ForkTheLaunchersProcesses(subprocess.Popen):
+    """`subprocess.Popen`, except that train.py's own command line, launched by Lightning's launcher, is forked from
+    this process and run as a new interpreter would run it (the module says why); every other command runs as it is."""
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest) -> None:
         own_command = isinstance(args, (list, tuple)) and len(args) > 1 and args[0] == sys.executable
         own_command = own_command and args[1] == os.path.abspath(sys.argv[0])
-        if not (own_command and EARLY_START_MARK in (env or {})):
+        if not (own_command and "LOCAL_RANK" in (env or {})):
             super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
             return
         sys.stdout.flush()

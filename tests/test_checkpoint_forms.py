@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.main import main
-from tests.helpers import run_train
+from tests.helpers import ends_in_error, run_train
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.val_size", "200")
 
@@ -66,10 +66,10 @@ def test_each_way_of_naming_a_checkpoint_exports_the_same_model(run, tmp_path, c
 
 @pytest.mark.parametrize("stage", ["test", "validate", "predict"])
 def test_an_evaluation_without_a_checkpoint_is_refused_in_one_line(data_dir, tmp_path, stage):
-    with pytest.raises(SystemExit) as exit_info:
+    with ends_in_error() as said:
         main([stage, "--data.data_dir", str(data_dir), *COMMON, "--trainer.default_root_dir", str(tmp_path)])
     needs = f"error: {stage} needs trained weights: without --ckpt_path it would evaluate an untrained model."
-    assert exit_info.value.code == (
+    assert said.line == (
         f"{needs} {tmp_path / 'SeqNet-fashion_mnist'} holds no trained run: add --ckpt_path with a checkpoint file, or"
         " train first."
     )
@@ -79,15 +79,15 @@ def test_an_evaluation_without_a_checkpoint_is_refused_in_one_line(data_dir, tmp
 def test_an_evaluation_without_a_checkpoint_names_the_runs_it_can_evaluate(run, data_dir):
     """The runs under the root are of SeqNet on MNIST; the command names FashionMNIST."""
     root = run.parents[1]
-    with pytest.raises(SystemExit) as exit_info:
+    with ends_in_error() as said:
         main(["test", "--data.data_dir", str(data_dir), *COMMON, "--trainer.default_root_dir", str(root)])
-    assert exit_info.value.code.endswith(
+    assert said.line.endswith(
         f"{root / 'SeqNet-fashion_mnist'} holds no trained run: add --model SeqNet --data.dataset mnist"
         " --ckpt_path last"
     )
-    with pytest.raises(SystemExit) as exit_info:
+    with ends_in_error() as said:
         main(["test", "--data.dataset", "mnist", *COMMON, "--trainer.default_root_dir", str(root)])
-    assert exit_info.value.code.endswith(
+    assert said.line.endswith(
         f"Add --ckpt_path last (the latest run in {root / 'SeqNet-mnist'}), a run's folder, or a checkpoint file."
     )
 
@@ -95,7 +95,7 @@ def test_an_evaluation_without_a_checkpoint_names_the_runs_it_can_evaluate(run, 
 def test_last_of_a_model_without_runs_names_the_runs_there_are(run, tmp_path):
     """`export --ckpt_path last` with the defaults (SeqNet on FashionMNIST) where the runs are of SeqNet on MNIST."""
     root = run.parents[1]
-    with pytest.raises(SystemExit) as exit_info:
+    with ends_in_error() as said:
         main(
             [
                 "export",
@@ -109,7 +109,7 @@ def test_last_of_a_model_without_runs_names_the_runs_there_are(run, tmp_path):
                 str(tmp_path / "m"),
             ]
         )
-    assert exit_info.value.code == (
+    assert said.line == (
         f"error: --ckpt_path last: no run under {root / 'SeqNet-fashion_mnist'} holds a last checkpoint. Runs of other"
         " models or data are named with --model SeqNet --data.dataset mnist, or give --ckpt_path a run's folder or a"
         " checkpoint file."

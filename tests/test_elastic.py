@@ -3,7 +3,6 @@ machine (scripts/local_cluster.sh, NNODES=1:2) that loses a node mid-epoch finis
 joins grows; a PyTorchJob's pods, played as processes with the operator's variables, continue after a pod is
 killed. Each ends within 1e-4 of an uninterrupted run with the same global batch (plain SGD, deterministic, CPU)."""
 
-import contextlib
 import os
 import re
 import signal
@@ -14,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import preloaded
 from tests.helpers import (
     REPO,
     WAIT_S,
+    TrainJob,
     free_port,
     local_cluster_command,
     max_difference,
@@ -138,21 +137,20 @@ def test_a_pytorchjob_whose_pod_is_killed_continues_when_the_operator_restarts_t
     kill = ("--trainer.callbacks+=tests.helpers.KillRankOnce", "--trainer.callbacks.rank", "1")
 
     def pods(*extra: str) -> list[tuple[int, str]]:
-        """Both pods' exit statuses and output: each a train.py forked with torch imported (tests/preloaded.py)."""
+        """Both pods' exit statuses and output."""
         port, started = str(free_port()), []
         for rank in range(2):
             variables = {"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
             env = {**os.environ, **variables, "KUBERNETES_PORT": "tcp://10.96.0.1:443", "PYTHONUNBUFFERED": "1"}
             output = tmp_path / f"pod{rank}-{len(extra)}.log"
-            started.append((preloaded.start(REPO, [*job, *extra], env, output, output), output))
+            started.append((TrainJob(*job, *extra, output=output, env=env), output))
         try:
             for pod, _ in started:
-                pod.join(120)
-            return [(pod.exitcode, output.read_text()) for pod, output in started]
+                pod.wait(120)
+            return [(pod.returncode, output.read_text()) for pod, output in started]
         finally:
             for pod, _ in started:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pod.pid, signal.SIGKILL)
+                pod.kill()
 
     (pod0, out0), (pod1, out1) = pods(*kill)
     assert pod1 == -signal.SIGKILL and pod0 == 1, out0[-3000:]

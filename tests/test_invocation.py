@@ -1,11 +1,11 @@
-"""The commands the program prints run where the user stands (app/command_line/invocation.py): the environment's
+"""The commands the program prints run where the user stands (app/invocation.py): the environment's
 `tensorboard` and `python train.py` by their paths unless the PATH already leads to them."""
 
 import os
 import sys
 from pathlib import Path
 
-from app.command_line.invocation import tool, train_py
+from app.invocation import tool, train_py
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

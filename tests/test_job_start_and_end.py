@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from app.job.rendezvous import ARRIVED_KEY
-from tests.helpers import LAUNCH_PATHS, REPO, TrainJob, free_port, left_behind, run_train
+from tests.helpers import REPO, TrainJob, free_port, left_behind, run_train
 from tests.test_faults import argv
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
@@ -54,15 +54,15 @@ def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_d
 
 @pytest.mark.parametrize(
     ("stop", "statuses"),
-    [(signal.SIGINT, {128 + signal.SIGINT}), (signal.SIGTERM, {128 + signal.SIGTERM, -signal.SIGTERM})],
+    [(signal.SIGINT, {-signal.SIGINT}), (signal.SIGTERM, {-signal.SIGTERM})],
     ids=["Ctrl-C", "SIGTERM"],
 )
 def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_job_at_once(
     data_dir, tmp_path, stop, statuses
 ):
     """Node 0's two processes wait inside `init_process_group` for node 1, which is never started: Python's handler
-    of Ctrl-C cannot run there, and the wait lasts up to the process-group timeout (30 minutes). SIGTERM ends them by
-    its default action, as a shell reports it (143)."""
+    of Ctrl-C cannot run there, and the wait lasts up to the process-group timeout (30 minutes). Either signal ends
+    them by its default action (app/job/rendezvous.py: Meeting), as a shell reports it (130, 143)."""
     port = free_port()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     args = [*argv(data_dir, tmp_path, devices=2), "--num_nodes", "2"]
@@ -90,20 +90,12 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
 # 2. A process that fails after the others have finished fails the job
 
 
-@pytest.mark.parametrize(
-    ("launcher", "abort", "ended"),
-    [("early start", "true", "-6 (killed by signal 6)"), ("Lightning's launcher", "false", "3")],
-)
-def test_a_process_that_fails_at_exit_after_training_fails_the_job_and_is_named(
-    data_dir, tmp_path, launcher, abort, ended
-):
-    """Under Lightning's launcher, the first process ends its work only after Lightning's watch over the others has
-    looked at the failed one (app/job/lightnings_observer.py), which used to kill it there without a word."""
+@pytest.mark.parametrize(("abort", "ended"), [("true", str(-signal.SIGABRT)), ("false", "3")])
+def test_a_process_that_fails_at_exit_after_training_fails_the_job_and_is_named(data_dir, tmp_path, abort, ended):
+    """The first process waits for those Lightning's launcher started (app/job/children.py): one that fails as it
+    ends, once the work is done, fails the job, and is named."""
     at_exit = ("--trainer.callbacks+=tests.helpers.FailAtExit", "--trainer.callbacks.abort", abort)
-    if launcher == "Lightning's launcher":
-        at_exit += ("--trainer.callbacks+=tests.helpers.OutwaitLightningsObserver",)
-    args = argv(data_dir, tmp_path, *at_exit, *LAUNCH_PATHS[launcher], max_epochs=1)
-    result = run_train("fit", *args)
+    result = run_train("fit", *argv(data_dir, tmp_path, *at_exit, max_epochs=1))
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and re.fullmatch(

@@ -4,7 +4,7 @@ torchrun, SLURM and a PyTorchJob set, and what the Trainer gets for the command'
 import pytest
 from lightning.pytorch.plugins.environments import KubeflowEnvironment
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 from app.job import launcher_shape as launcher_shape_module
 from app.job.launcher_shape import LauncherShape, launcher_shape
 

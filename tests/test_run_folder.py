@@ -17,11 +17,10 @@ import pytest
 import torch
 import yaml
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 from app.run.continuation import changes_between
 from app.run.folder import RunFolder, read_record, write_record
-from tests import preloaded
-from tests.helpers import NO_NETWORK, REPO, Run, run_train, small_run
+from tests.helpers import REPO, Run, TrainJob, run_train, small_run
 
 TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width
 
@@ -241,7 +240,7 @@ def test_a_mistake_found_once_the_processes_met_leaves_no_folder_and_the_run_as_
 def test_a_run_stopped_in_an_epoch_finishes_it_with_batches_of_the_same_size(data_dir, tmp_path):
     stop = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "5")
     stopped = run_train("fit", *one_process(data_dir, tmp_path, *stop, "--fault_guard.every_n_steps", "4"))
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
     run = tmp_path / "SeqNet-mnist" / "version_0"
     before = folder_hashes(run)
     smaller = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", batch_size=25))
@@ -271,19 +270,18 @@ def test_a_continuation_that_fails_before_its_first_step_leaves_the_run_as_it_wa
 
 def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_path):
     argv = ["fit", *one_process(data_dir, tmp_path, max_epochs=1000)]
-    first = preloaded.start(REPO, argv, {**os.environ, **NO_NETWORK}, tmp_path / "first.out", tmp_path / "first.err")
+    first = TrainJob(*argv, output=tmp_path / "first.out")
     try:
         last = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
         deadline = time.monotonic() + 120
-        while not last.exists() and first.is_alive() and time.monotonic() < deadline:
+        while not last.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert last.exists(), "the first run saved no checkpoint"
         kept = [last, *last.parents[1].glob("config*.yaml"), *last.parents[1].glob("events.out.tfevents.*")]
         second = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=1000))
         assert all(path.exists() for path in kept), "the refused process removed files of the run"
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.join()
+        first.kill()
     assert one_error_line(second) == (
         f"error: {last.parents[1]} is being trained by another process right now (it holds the run's lock). Wait"
         " for it to end, or start a new run."

@@ -1,5 +1,5 @@
 """When a process of a DDP job stops answering (real gloo runs of train.py on CPU, SIGSTOP): it is named, under
-Lightning's launcher, the early start and torchrun, and the job ends; a slow one is left alone. (The heartbeats'
+Lightning's launcher and torchrun, and the job ends; a slow one is left alone. (The heartbeats'
 cases a real run meets only by chance are in tests/test_heartbeats.py.)"""
 
 import os
@@ -51,9 +51,9 @@ def assert_named_and_ended(output: str, rank: int) -> None:
     assert "holds the last saved step; continue with: " in errors[0] and " --ckpt_path " in errors[0]
 
 
-def test_a_frozen_process_is_named_and_the_job_ends(data_dir, tmp_path, launch):
+def test_a_frozen_process_is_named_and_the_job_ends(data_dir, tmp_path):
     pid = "--trainer.callbacks+=tests.helpers.RecordPid"
-    args = [*argv(data_dir, tmp_path, pid, *STALL_TIMEOUT, *launch), "--trainer.max_epochs", "100"]
+    args = [*argv(data_dir, tmp_path, pid, *STALL_TIMEOUT), "--trainer.max_epochs", "100"]
     job = TrainJob(*args, output=tmp_path / "output")
     status, output, left = freeze_and_wait(job, tmp_path, frozen_rank=1, ranks=2)
     assert status == 1, output[-3000:]

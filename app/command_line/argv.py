@@ -1,15 +1,8 @@
 """train.py's command line before LightningCLI sees it: the `--devices`/`--num_nodes` shortcuts, and `fit` put in
-front when no subcommand is named (the program then fits and tests). Standard library only: train.py reads its
-command line before it imports torch (`app/job/early_start.py`)."""
+front when no subcommand is named (the program then fits and tests)."""
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI.subcommands(), without importing Lightning
 SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
-LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
-
-
-def resolved_by_lightning(ckpt_path: str) -> bool:
-    """A `--ckpt_path` that names no file of its own: `best`, `hpc`, a model registry's name, a URL."""
-    return ckpt_path in LIGHTNING_NAMES or ckpt_path.startswith("registry") or "://" in ckpt_path
 
 
 def parse_command(argv: list[str]) -> tuple[list[str], bool]:

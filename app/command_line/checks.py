@@ -14,7 +14,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.accelerators import AcceleratorRegistry, CPUAccelerator, CUDAAccelerator, MPSAccelerator
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 
 
 def check_launcher(trainer: Trainer) -> None:

@@ -18,12 +18,8 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from app.command_line.parser_messages import shorten
 from app.command_line.speaking import TRACEBACK_VARIABLE
+from app.errors import UserError
 from datamodules import DataError
-
-
-class UserError(Exception):
-    """Something the user asked for cannot be done; the message says what and how to fix it."""
-
 
 # Mistakes in what the user asked for: reported in one line, without a traceback.
 USER_ERRORS = (

@@ -17,7 +17,7 @@ from lightning.pytorch.profilers import Profiler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from app.command_line.invocation import train_py
+from app.invocation import train_py
 from models import ImageClassifier
 
 LIMIT = 300

@@ -13,9 +13,8 @@ import json
 from typing import Any
 
 import torch.distributed as dist
-from lightning.pytorch.strategies import Strategy
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 from app.run.continuation import differences, shown
 
 # Settings that may differ from node to node (docs/multinode.md): paths on a node's own disks, how a node loads its
@@ -36,32 +35,12 @@ COMMAND, STARTS_FROM = "subcommand", "starts_from"  # keys of the settings besid
 SAID_AS = {f"--{COMMAND}": "the subcommand", f"--{STARTS_FROM}": "the checkpoint of --ckpt_path"}
 
 
-class CompareWhenTheyMeet:
-    """Takes the place of `strategy.setup_environment`: the strategy's own, which meets the other processes, then
-    the comparison of `settings` (the command's, with `COMMAND` and `STARTS_FROM` added), once.
-
-    Lightning has no hook in between: `Trainer._run` sets up the environment, then its setup hook opens every
-    logger's folder and event file before any callback's `setup` runs. Where the settings differ, every process
-    raises the same `UserError`, which names each option that differs and its value on each node (or process).
-    """
-
-    def __init__(self, strategy: Strategy, settings: dict[str, Any]) -> None:
-        self.strategy, self.set_up, self.settings = strategy, strategy.setup_environment, settings
-
-    @classmethod
-    def install(cls, strategy: Strategy, settings: dict[str, Any]) -> None:
-        strategy.setup_environment = cls(strategy, settings)
-
-    def __call__(self) -> None:
-        self.set_up()
-        self.strategy.setup_environment = self.set_up  # once: a test after the fit has met already
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            same_settings_everywhere(compared_settings(self.settings), self.strategy.node_rank)
-
-
-def same_settings_everywhere(mine: dict[str, Any], node_rank: int) -> None:
-    """Raise the same `UserError` in every process where the processes' settings differ (two collectives where
-    they differ, one where they agree, reached by every process alike)."""
+def same_settings_everywhere(settings: dict[str, Any], node_rank: int) -> None:
+    """Once the processes have met, and before any of them writes a file: raise the same `UserError` in every process
+    where their `settings` (the command's, with `COMMAND` and `STARTS_FROM` added) differ beyond `PER_NODE`, naming
+    each option that differs and its value on each node (or process). Two collectives where they differ, one where
+    they agree, reached by every process alike."""
+    mine = compared_settings(settings)
     digests: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(digests, (node_rank, _digest(mine)))
     if len({digest for _node, digest in digests}) == 1:

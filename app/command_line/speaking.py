@@ -16,12 +16,10 @@ import traceback
 from contextlib import suppress
 from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
 
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.job.early_start import NodeProcesses
 from app.job.process_group import close_process_group
 from app.job.store import store_client, under_torchrun
 
@@ -36,37 +34,29 @@ CAUSE = "\nThe above exception was the direct cause of the following exception:\
 CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
-def exit_with_error(message: str, node: NodeProcesses) -> NoReturn:
-    """Print `error: MESSAGE` from one process of the job (`error (rank N): ...` from another rank than 0), exit 1."""
-    exit_reporting(f"{_error_label()}: {message}", node)
+def error_line(message: str) -> str:
+    """`error: MESSAGE` (`error (rank N): MESSAGE` from another rank than 0)."""
+    rank = rank_zero_only.rank
+    return f"{'error' if rank == 0 else f'error (rank {rank})'}: {message}"
 
 
-def exit_with_bug(error: BaseException, node: NodeProcesses) -> NoReturn:
-    """Print a short traceback of an error this program did not expect, from one process of the job, and exit 1."""
-    exit_reporting(
-        f"{_error_label()}: an unexpected {type(error).__name__}, a bug in the code rather than a mistake in the"
-        f" command; library frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all, from every process).\n"
-        f"{short_traceback(error)}",
-        node,
+def bug_report(error: BaseException) -> str:
+    """A short traceback of an error this program did not expect, to report."""
+    return error_line(
+        f"an unexpected {type(error).__name__}, a bug in the code rather than a mistake in the command; library"
+        f" frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all, from every process).\n"
+        f"{short_traceback(error)}"
     )
 
 
-def _error_label() -> str:
-    rank = rank_zero_only.rank
-    return "error" if rank == 0 else f"error (rank {rank})"
-
-
-def exit_reporting(text: str, node: NodeProcesses) -> NoReturn:
-    """Print `text` to standard error, unless another process of the job failed first and said why; exit 1."""
+def report(text: str) -> None:
+    """Print `text` to standard error, unless another process of the job failed first and said why."""
     store = _job_store()
-    if store is None:  # one process, or processes that have not met yet: the launching process speaks for its node
-        if node.hand_over(text):
-            sys.exit(1)
-        node.take_the_word()
-        sys.exit(text)
+    if store is None:  # one process, or the first process alone, before it launched the others
+        print(text, file=sys.stderr, flush=True)
+        return
     speak_once(store, text)
-    leave_the_store(store, node)
-    sys.exit(1)
+    leave_the_store(store)
 
 
 def speak_once(store: dist.Store, text: str, wait_s: float = SPOKEN_WAIT_S) -> None:
@@ -87,16 +77,16 @@ def speak_once(store: dist.Store, text: str, wait_s: float = SPOKEN_WAIT_S) -> N
             print(text, file=sys.stderr, flush=True)
 
 
-def leave_the_store(store: dist.Store, node: NodeProcesses, wait_s: float = REPORTED_WAIT_S) -> None:
+def leave_the_store(store: dist.Store, wait_s: float = REPORTED_WAIT_S) -> None:
     """Say in the store that this process has reported; in the process that holds the store, wait for the others'
     word first, at most `wait_s` seconds.
 
     Once the holder ends, a process still about to report can no longer learn that the first has spoken: it prints
     its own error too, after torch's warning and a C++ stack trace about the lost store. So the holder closes the
     process group, which on gloo ends the collectives the others may be waiting in with it (they fail and report
-    now; on NCCL they wait on: the processes of this node end with this one, `NodeProcesses.take_the_word`, those
-    of other nodes are not reached from here), keeps the store itself open, and ends once each of the others has
-    reported, or after `wait_s` seconds for one that never will (killed, frozen, waiting on NCCL).
+    now; on NCCL they wait on: the processes of this node end with this one, `app/job/children.py`, those of other
+    nodes are not reached from here), keeps the store itself open, and ends once each of the others has reported,
+    or after `wait_s` seconds for one that never will (killed, frozen, waiting on NCCL).
     """
     if under_torchrun():  # torchrun's agent holds the store, and outlives this process
         return
@@ -106,7 +96,7 @@ def leave_the_store(store: dist.Store, node: NodeProcesses, wait_s: float = REPO
             store.set(f"reported/{rank}", "")
         return
     server = dist.distributed_c10d._get_default_store()  # the store itself (torch has no public handle on it)
-    close_process_group(node)
+    close_process_group()
     others = [f"reported/{other}" for other in range(1, world_size)]
     deadline = time.monotonic() + wait_s
     # `check`, not `wait`: a wait that times out prints torch's warnings. Ctrl-C ends the wait, not the error's exit.

@@ -31,17 +31,15 @@ from app.command_line.checks import (
     check_writable,
 )
 from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
-from app.command_line.invocation import tool, train_py
 from app.command_line.parser_messages import shorten
 from app.command_line.quiet import silence_a_continuation
-from app.command_line.same_settings import COMMAND, STARTS_FROM, CompareWhenTheyMeet
-from app.command_line.say import say
+from app.command_line.same_settings import COMMAND, STARTS_FROM, same_settings_everywhere
 from app.command_line.trainer import Trainer
-from app.job.early_start import NodeProcesses, wait_for_the_meeting_place
+from app.invocation import tool, train_py
 from app.job.fault_guard import FaultGuard, last_checkpoint_path
 from app.job.launcher_shape import LauncherShape, launcher_shape
 from app.job.node_loss import seconds_since_the_loss
-from app.job.rendezvous import announce_rendezvous
+from app.job.rendezvous import Meeting
 from app.run.checkpoints import AtomicCheckpointIO, remove_partial_files
 from app.run.continuation import (
     Start,
@@ -69,6 +67,7 @@ from app.run.predictions import PredictionWriter
 from app.run.record import RunRecord
 from app.run.replan import ReplanOnResume
 from app.run.tensorboard import RunLogger
+from app.say import say
 from datamodules import MNISTDataModule
 from models import ImageClassifier, model_names
 
@@ -108,9 +107,8 @@ class HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
 class TrainCLI(LightningCLI):
     """LightningCLI with the Trainer defaults of this project and a fit-then-test default command."""
 
-    def __init__(self, args: list[str], test_after_fit: bool = False, node: NodeProcesses | None = None) -> None:
+    def __init__(self, args: list[str], test_after_fit: bool = False) -> None:
         self.test_after_fit = test_after_fit
-        self.node = node or NodeProcesses()  # the processes of this node train.py started (app/job/early_start.py)
         self.chosen_subcommand = subcommand_of(args)
         self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
         self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
@@ -271,14 +269,12 @@ class TrainCLI(LightningCLI):
             super().instantiate_classes()
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Around the Trainer's method the subcommand calls (`trainer.fit(...)`): the meeting said aloud, Ctrl-C while
-        the processes meet, a late value error named by its option, and what a failed start wrote taken back.
-        LightningCLI has no public hook around that call (`before_<subcommand>` and `after_<subcommand>` only)."""
+        """Around the Trainer's method the subcommand calls (`trainer.fit(...)`): a late value error named by its
+        option, and what a failed start wrote taken back. LightningCLI has no public hook around that call
+        (`before_<subcommand>` and `after_<subcommand>` only)."""
         trainer = self.trainer
-        meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
-        wait_for_the_meeting_place()
         try:
-            with self._errors_named_by_option(), meeting, self.node.ctrl_c_ends_the_meeting():
+            with self._errors_named_by_option():
                 super()._run_subcommand(subcommand)
         except BaseException as error:
             # A run or continuation that failed or was stopped before its first step, or an evaluation cut short
@@ -360,7 +356,6 @@ class TrainCLI(LightningCLI):
         self.save_config_kwargs = {"run": self.run, "header": header, "overwrite": False}
         trainer = super().instantiate_trainer(**kwargs)
         for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
-            guard.node = self.node  # it watches the processes of this node once they have met
             guard.test_after_fit = self.test_after_fit  # the heartbeats go on from the fit into the test
             guard.continue_command = self.continue_command
         if self.run is not None:
@@ -482,9 +477,9 @@ class TrainCLI(LightningCLI):
                 remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
-        if self.trainer.world_size > 1:  # one process has no one to compare with
-            CompareWhenTheyMeet.install(self.trainer.strategy, self._settings_every_node_shares())
-        self.node.checked.set()  # from here, a mistake met by a process train.py started early is its own
+        if self.trainer.world_size > 1:  # one process has no one to meet
+            settings, node_rank = self._settings_every_node_shares(), self.trainer.node_rank
+            Meeting.install(self.trainer, lambda: same_settings_everywhere(settings, node_rank))
 
     def _refuse_untrained_weights(self) -> None:
         """`test`, `validate` and `predict` evaluate the weights `--ckpt_path` names; without it they would evaluate a
@@ -560,7 +555,7 @@ class TrainCLI(LightningCLI):
             rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}.")
 
     def processes_started_here(self) -> list[subprocess.Popen]:
-        """The processes of this node that Lightning's launcher started from this one (none under the early start,
+        """The processes of this node that Lightning's launcher started from this one (none in them, nor under
         torchrun or SLURM): `launcher.procs`, where it keeps them, as it does to pass signals on to them."""
         return list(getattr(self.trainer.strategy.launcher, "procs", []))
 

@@ -1,2 +1,3 @@
-"""The processes of a DDP job: the node's others started first thing (`early_start.py`), the network between hosts,
-the job's store, the meeting said aloud, heartbeats, and stop signals and faults on every rank together."""
+"""What the project adds to the processes of a DDP job that Lightning's launcher, torchrun or SLURM start: their ends
+(`children.py`), the network between hosts, the job's store, the meeting, heartbeats, and stop signals and faults on
+every rank together."""

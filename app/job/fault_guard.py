@@ -17,12 +17,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.command_line.errors import UserError
-from app.command_line.say import say
-from app.job.early_start import NodeProcesses
+from app.errors import UserError
 from app.job.heartbeats import Heartbeats
-from app.job.lightnings_observer import stand_down_lightnings_observer
 from app.job.store import store_client
+from app.say import say
 
 
 class StoppedBySignal(SIGTERMException):
@@ -49,9 +47,7 @@ class FaultGuard(Callback):
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
             the job (0: never). Each process counts up a key in the job's TCP store from a thread
             (`app/job/heartbeats.py`): no collective, nothing the training step waits for. Processes that all
-            answer but wait in different collectives for as long are named too (a deadlock). Also how long the
-            process that started the others of its node goes on after one of them failed (60 s with 0): on NCCL, a
-            collective waits for a lost process until the process-group timeout.
+            answer but wait in different collectives for as long are named too (a deadlock).
         checkpoint_every_s: Seconds of training after which every rank saves `last.ckpt` at the next check, in the
             middle of an epoch too, so that a killed process or a lost node costs at most that much (None: only at
             each epoch's end; 0: at every check). The decision travels in the check's all-reduce: no collective of
@@ -103,7 +99,6 @@ class FaultGuard(Callback):
         self.heartbeats: Heartbeats | None = None
         self.batches = 0  # of every stage, for the heartbeats: where this process stands moves with it
         self.step_seen = 0  # the optimizer steps as of the last training batch
-        self.node: NodeProcesses | None = None  # this node's processes, given by train.py (app/job/early_start.py)
         self.test_after_fit = False  # given by train.py: the command's last stage is the test, not the fit
         self.continue_command: Callable[[], str] = lambda: "--ckpt_path last"  # given by train.py: the whole command
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
@@ -114,11 +109,6 @@ class FaultGuard(Callback):
         trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
         self._trainer = trainer
         self._start_heartbeats(trainer)
-        # The processes have met: a failed one is this program's to name, and to end the job for.
-        watched_by_lightning = stand_down_lightnings_observer()
-        if self.node is not None:
-            grace_s = self.stall_timeout or NodeProcesses.EXIT_GRACE_S
-            self.node.watch_after_the_meeting(watched_by_lightning, grace_s, heartbeats=self.heartbeats is not None)
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
         """Once per process, at its first stage: they go on through every stage of the command (a fit and the test

@@ -14,6 +14,7 @@ from contextlib import suppress
 
 import torch.distributed as dist
 
+from app.job.children import end_after_the_first_process
 from app.job.node_loss import note_the_loss
 from app.job.store import under_torchrun
 
@@ -144,11 +145,13 @@ class Heartbeats:
             self.stopped.wait(self.interval_s)
 
     def _watch_store(self) -> None:
+        """A store call of `_count` that meets a frozen holder waits for it without end (the client's timeout does
+        not bound it): this thread makes no call, and names the holder once no answer came for `limit_s`."""
         while not self.stopped.wait(1.0):
             silent_for = time.monotonic() - self.last_answer
             if silent_for > self.limit_s:
-                # Under torchrun the agent of rank 0's node holds it: name the ranks of that host, this one aside
-                # (it is running this very line: a rank of that host, as when several "nodes" share one machine).
+                # Under torchrun the agent of rank 0's node holds it: name the ranks of that host, this one aside (it
+                # is running this very line: a rank of that host, as when several "nodes" share one machine).
                 store_holders = [0] if not under_torchrun() else self._same_host_as(0)
                 store_holders = [rank for rank in store_holders if rank != self.rank] or store_holders
                 what = f"holds the job's store, which has not answered for {round(silent_for)} s"
@@ -201,6 +204,7 @@ class Heartbeats:
                         os.kill(self.who[rank]["pid"], signal.SIGKILL)
         finally:
             self.stopped.set()
+            end_after_the_first_process()
             self.end_job(1)
 
     def _describe(self, rank: int) -> str:

@@ -20,7 +20,7 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.pytorch.utilities import rank_zero_info
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 
 # In a job the launcher restarts, last.ckpt is also saved every minute of training (at the first fault guard check
 # after it: `--fault_guard.checkpoint_every_s`): what a lost node or process costs, at most.

@@ -2,10 +2,8 @@
 
 import torch
 
-from app.job.early_start import NodeProcesses
 
-
-def close_process_group(node: NodeProcesses | None = None) -> None:
+def close_process_group() -> None:
     """Destroy the process group while Python is still fully alive.
 
     Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
@@ -15,6 +13,4 @@ def close_process_group(node: NodeProcesses | None = None) -> None:
     `app/command_line/speaking.py`).
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        if node is not None:  # a process this one started that ends now is not one that failed before the meeting
-            node.met.set()
         torch.distributed.destroy_process_group()

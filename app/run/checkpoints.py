@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 
 LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
 

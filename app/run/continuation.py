@@ -16,8 +16,7 @@ from typing import Any
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
-from app.command_line.argv import resolved_by_lightning
-from app.command_line.errors import UserError
+from app.errors import UserError
 from app.run.checkpoints import read_checkpoint
 from app.run.folder import (
     is_run,
@@ -36,6 +35,7 @@ WHERE = {"--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes
 # The data a run trains and validates on: the dataset and its train/validation split. A continued run keeps them, so
 # that its curves compare like with like and an interrupted epoch gives each of its samples once.
 DATA_OF_THE_RUN = {"--data.dataset", "--data.val_size", "--data.val_split_seed"}
+LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,11 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
         return _continue(path, root)
     contents = read_checkpoint(path)
     return Start(path, contents, settings=_settings_of_checkpoint(contents))
+
+
+def resolved_by_lightning(ckpt_path: str) -> bool:
+    """A `--ckpt_path` that names no file of its own: `best`, `hpc`, a model registry's name, a URL."""
+    return ckpt_path in LIGHTNING_NAMES or ckpt_path.startswith("registry") or "://" in ckpt_path
 
 
 def _run_to_continue(runs_of_model: Path, root: Path) -> Path | None:

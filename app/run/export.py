@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from app.command_line.invocation import train_py
+from app.invocation import train_py
 from app.run.checkpoints import read_checkpoint, saved_model_class
 from app.run.continuation import find_start
 from app.run.folder import DEFAULT_ROOT, run_name

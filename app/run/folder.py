@@ -24,7 +24,7 @@ import yaml
 from lightning.pytorch import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 from app.run.checkpoints import write_whole
 
 DEFAULT_ROOT = "runs"  # --trainer.default_root_dir: where the runs are

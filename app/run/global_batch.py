@@ -5,7 +5,7 @@ import math
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim.lr_scheduler import OneCycleLR
 
-from app.command_line.say import say
+from app.say import say
 
 
 class GlobalBatchInfo(Callback):

@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from app.command_line.errors import UserError
+from app.errors import UserError
 from app.run.folder import RunFolder
 
 CSV_NAME = "predictions.csv"

@@ -19,7 +19,7 @@ def tool(name: str) -> str:
 
 def train_py() -> str:
     """`python train.py`, as the user can type it here."""
-    script = Path(__file__).resolve().parents[2] / "train.py"
+    script = Path(__file__).resolve().parents[1] / "train.py"
     return f"{_command(Path(sys.executable))} {_from_here(script)}"
 
 

@@ -1,0 +1,81 @@
+"""The processes Lightning's launcher starts beside the first one, and how their ends meet.
+
+With `--devices N` and no outside launcher, `trainer.fit` starts the node's other N - 1 processes, running train.py's
+command line again (Lightning's `ddp` strategy, as in any Lightning program), and watches them from a thread: 0-5 s
+after one of them ends with a non-zero status it kills them all, and the first process, with SIGKILL. Lightning
+neither ends them when the first process dies nor waits for them when it ends well. What train.py adds, and why:
+
+- Each process it starts dies with the process that started it (Linux's parent-death signal): a first process
+  that fails leaves none of them waiting in a collective until the process-group timeout (30 minutes).
+- One that fails or is stopped ends after the first process, having said what it had to: ending before, it would
+  have Lightning's watch kill the first while that one still writes out its logs and says why the job ended (exit
+  status 137 instead of its own). It closes its process group first, so that the first process, waiting in a
+  collective with it, fails at once on gloo and ends too.
+- The first process, its own work done, waits for them: the job's exit status, the first process's, is a failure
+  where one of them failed.
+"""
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+FIRST_PROCESS = "TRAIN_PY_FIRST_PROCESS"  # its pid, inherited by the processes Lightning's launcher starts from it
+FIRST_PROCESS_GRACE_S = 10  # how long a failed process waits for the first one to end (on NCCL it may not see why)
+NOTICE_AFTER_S = 5  # before a wait for the others is said
+EXIT_GRACE_S = 60  # how long the others may take to end once the first process's work is done
+
+
+def die_with_parent() -> None:
+    """In a process started by a launcher (LOCAL_RANK is set: Lightning's, or torchrun's agent), have Linux kill it
+    when its parent dies; elsewhere, mark this process as the one whose launcher may start the others. First thing
+    in train.py: the parent may fail while this process still imports."""
+    if "LOCAL_RANK" not in os.environ:
+        os.environ[FIRST_PROCESS] = str(os.getpid())
+        return
+    if sys.platform != "linux":
+        return
+    parent = int(os.environ.get(FIRST_PROCESS, os.getppid()))  # the first process, where it started this one
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request was in place
+        os._exit(1)
+
+
+def end_after_the_first_process() -> None:
+    """In a process Lightning's launcher started, about to end with a failure or a stop: wait until the process
+    that started it has ended (this one dies with it), at most `FIRST_PROCESS_GRACE_S` seconds. No-op elsewhere."""
+    if os.environ.get(FIRST_PROCESS) != str(os.getppid()) or not hasattr(os, "pidfd_open"):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    first = os.pidfd_open(os.getppid())
+    select.select([first], [], [], FIRST_PROCESS_GRACE_S)
+
+
+def wait_for_the_others(processes: list[subprocess.Popen]) -> int:
+    """In the first process, once its work has ended well: wait for the processes Lightning's launcher started from
+    it (`processes`), and return the job's exit status: 1, naming the process, where one failed or did not end
+    within `EXIT_GRACE_S` seconds (then it is killed). Says what it waits for after `NOTICE_AFTER_S` seconds."""
+    for local_rank, process in enumerate(processes, start=1):
+        try:
+            status = process.wait(timeout=NOTICE_AFTER_S)
+        except subprocess.TimeoutExpired:
+            print(f"Waiting for the process of local rank {local_rank} (pid {process.pid}) to end.", flush=True)
+            try:
+                status = process.wait(timeout=EXIT_GRACE_S - NOTICE_AFTER_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                status = None
+        if status != 0:
+            ended = "did not end; it was killed" if status is None else f"ended with exit status {status}"
+            print(
+                f"error: the process of local rank {local_rank} (pid {process.pid}) {ended} after this process's work"
+                " was done, so the job failed.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+    return 0
