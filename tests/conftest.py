@@ -33,8 +33,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # with the most tests first), and a long file handed out last keeps one worker busy after the others are done.
 LONGEST_FIRST = [
     *("test_errors", "test_elastic", "test_stalls", "test_multinode_failures", "test_faults", "test_multinode"),
-    *("test_run_folder", "test_job_start_and_end", "test_checkpoint_forms", "test_same_settings", "test_speed"),
-    *("test_correctness", "test_cli", "test_predict", "test_ddp", "test_docs"),
+    *("test_run_folder", "test_job_start_and_end", "test_checkpoint_forms", "test_same_settings", "test_trainjob"),
+    *("test_speed", "test_correctness", "test_cli", "test_predict", "test_ddp", "test_docs"),
 ]
 
 
