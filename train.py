@@ -10,17 +10,23 @@ def main() -> None:
     Importing torch, Lightning, torchvision and torchmetrics creates about a million objects that live as long as the
     program. With the garbage collector on, Python scans them over and over while importing (a second of start-up on
     2 cores, in every process) and once more at exit: off while importing, then frozen, they are never scanned.
-    Ctrl-C while importing ends the process as the signal does, without a traceback of the import under way. A process
-    that Lightning's launcher or torchrun started dies with its parent from the start (`app/job/children.py`).
+    Ctrl-C while importing ends the process as the signal does, without a traceback of the import under way (unless
+    Ctrl-C is ignored, as in a job a shell started in the background). First of all, a process that Lightning's
+    launcher or torchrun started dies with its parent (`app/job/children.py`), and the filter of what Python's
+    shutdown prints comes last (`app/command_line/quiet.py`).
     """
+    from app.command_line.quiet import silence_the_shutdown  # noqa: PLC0415 (the standard library only)
     from app.job.children import die_with_parent  # noqa: PLC0415 (the standard library only)
 
     die_with_parent()
+    silence_the_shutdown()
     gc.disable()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    if ctrl_c is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     from app.main import main as run  # noqa: PLC0415 (the imports the collector must not scan)
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, ctrl_c)
     gc.freeze()
     gc.enable()
     run()

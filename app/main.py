@@ -7,13 +7,13 @@ import signal
 import sys
 from typing import NoReturn
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+import torch
 
 from app.command_line.argv import parse_command, subcommand_of
 from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
-from app.command_line.quiet import silence_noise, silence_the_shutdown
+from app.command_line.quiet import silence_noise
 from app.command_line.speaking import TRACEBACK_WANTED, bug_report, error_line, report
-from app.command_line.train_cli import TrainCLI
+from app.command_line.train_cli import STOPS, TrainCLI
 from app.job.children import end_after_the_first_process, wait_for_the_others
 from app.job.network import choose_socket_interface
 from app.job.node_loss import note_the_loss
@@ -21,26 +21,27 @@ from app.job.process_group import close_process_group
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
 
-STOPS = (KeyboardInterrupt, SIGTERMException)  # Ctrl-C, and a stop every rank agreed on (app/job/fault_guard.py)
-
 
 def main(argv: list[str] | None = None) -> None:
     """Run `train.py ARGV` (the process's own command line by default), and end as the module says."""
-    argv = sys.argv[1:] if argv is None else argv
-    silence_the_shutdown()
-    status = run(argv)
+    try:
+        status, met = run(sys.argv[1:] if argv is None else argv)
+        if status != 0 and met:  # before the meeting, the first process waits for this one: no sense in waiting
+            end_after_the_first_process()
+    except KeyboardInterrupt:  # Ctrl-C while this process says why it failed, or waits to end
+        status = -signal.SIGINT
     if status != 0:
-        end_after_the_first_process()
         end(status)
 
 
-def run(argv: list[str]) -> int:
-    """Run the command; its exit status, or minus the number of the signal that stopped it."""
+def run(argv: list[str]) -> tuple[int, bool]:
+    """Run the command: its exit status (or minus the number of the signal that stopped it), and whether the processes
+    of the job had met."""
     args = argv
     try:
         if argv[:1] == ["export"]:
             print(f"Exported: {export(parse_export_arguments(argv[1:]))}")
-            return 0
+            return 0, False
         args, test_after_fit = parse_command(argv)
         silence_noise(subcommand_of(args))
         interface = choose_socket_interface()
@@ -48,16 +49,22 @@ def run(argv: list[str]) -> int:
             print(f"Reaching MASTER_ADDR through {interface} (set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to choose)")
         cli = TrainCLI(args, test_after_fit)
         close_process_group()
-        return wait_for_the_others(cli.processes_started_here())
+        return wait_for_the_others(cli.processes_started_here()), True
     except STOPS as stop:  # every rank stopped at the same step, or Ctrl-C before training started or after it
-        return -getattr(stop, "signum", signal.SIGINT)
+        default = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+        return -getattr(stop, "signum", default), _have_met()
     except Exception as error:
         if TRACEBACK_WANTED:
             raise
+        met = _have_met()
         report(_what_went_wrong(error, args))
-        return 1
+        return 1, met
     finally:
         close_process_group()
+
+
+def _have_met() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _what_went_wrong(error: Exception, args: list[str]) -> str:
@@ -71,7 +78,9 @@ def _what_went_wrong(error: Exception, args: list[str]) -> str:
 
 
 def end(status: int) -> NoReturn:
-    """End the process with `status`; with minus a signal's number, by that signal, its default action restored."""
+    """End the process with `status`; with minus a signal's number, by that signal, its default action restored.
+    Python's exit handlers do not run then: what a stop keeps was written before (the checkpoint, and the loggers,
+    which Lightning finalizes when a stage is interrupted)."""
     sys.stdout.flush()
     sys.stderr.flush()
     if status < 0:

@@ -1,9 +1,10 @@
 """Where the imports of train.py's start-up go, dependency by dependency (`python -X importtime`).
 
-Each round runs `python -X importtime -c "import train, app.main"` in a fresh interpreter (what every process of a
-run does before it parses the command line) and adds up the time each module's own code took, by the package it belongs
-to: a dependency's figure is its own modules, not what they import from other packages. `--before PATH` runs
-another checkout (a `git worktree` of an earlier commit) in the same rounds. Medians over the rounds, in seconds.
+Each round runs `python -X importtime -c "import gc; gc.disable(); import train, app.main"` in a fresh interpreter (what
+every process of a run does, the collector off as train.py's `main()` has it, before it parses the command line) and
+adds up the time each module's own code took, by the package it belongs to: a dependency's figure is its own modules,
+not what they import from other packages. `--before PATH` runs another checkout (a `git worktree` of an earlier commit)
+in the same rounds. Medians over the rounds, in seconds.
 
     python benchmarks/imports.py
     python benchmarks/imports.py --before /tmp/before
@@ -45,7 +46,8 @@ def main() -> None:
         {row for times in runs["now"] for row in times},
         key=lambda row: -statistics.median(times.get(row, 0.0) for times in runs["now"]),
     )
-    print(f"\nSeconds of `import train`, each package's own modules, medians of {args.rounds} interleaved rounds")
+    rounds = f"medians of {args.rounds} interleaved rounds"
+    print(f"\nSeconds of `import train, app.main`, each package's own modules, {rounds}")
     print(f"| package | {' | '.join(checkouts)} |")
     print(f"| --- | {' | '.join('---' for _ in checkouts)} |")
     for row in [*(row for row in rows if row not in ("other", "all")), "other", "all"]:
@@ -54,10 +56,10 @@ def main() -> None:
 
 
 def import_times(checkout: Path) -> dict[str, float]:
-    """Seconds spent in each package's own modules while `import train` runs in `checkout`."""
+    """Seconds spent in each package's own modules while `import train, app.main` runs in `checkout`."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import train, app.main"],
+        [sys.executable, "-X", "importtime", "-c", "import gc; gc.disable(); import train, app.main"],
         cwd=checkout,
         env=env,
         capture_output=True,

@@ -347,14 +347,12 @@ class FailOnceRank0Spoke(Callback):
 
 
 class FailToBuildOnLocalRank(Callback):
-    """Test instrument: the process of local rank `local_rank` alone fails while the command line is turned into
-    objects, before the processes meet: with a one-line mistake, or killed by SIGKILL without a word (`kill`)."""
+    """Test instrument: the process of local rank `local_rank` alone fails with a one-line mistake while the command
+    line is turned into objects, before the processes meet."""
 
-    def __init__(self, local_rank: int = 1, kill: bool = False) -> None:
+    def __init__(self, local_rank: int = 1) -> None:
         if os.environ.get("LOCAL_RANK", "0") != str(local_rank):
             return
-        if kill:
-            os.kill(os.getpid(), signal.SIGKILL)
         from app.errors import UserError
 
         raise UserError(f"planned mistake in local rank {local_rank} alone")

@@ -10,8 +10,9 @@ import and do is theirs, as in a user's run.
 The node's other processes that Lightning's launcher starts from `trainer.fit` (`subprocess.Popen` of train.py's own
 command line, with LOCAL_RANK set) are forked the same way, from that process: each is a child of the process that
 started it, with the command line and environment it was given, and runs train.py again from its first line, with
-train.py's own modules imported afresh. The processes torchrun or scripts/local_cluster.sh start are real
-`python train.py` processes.
+train.py's own modules imported afresh. (It inherits the library state of the process it was forked from, which a new
+interpreter would not: warnings and logging filters, jsonargparse's registered types.) The processes torchrun or
+scripts/local_cluster.sh start are real `python train.py` processes.
 
 What differs from a new interpreter: a forked process ends with `os._exit` after the exit handlers, without the
 interpreter's own shutdown, where a library that aborts at exit would show (gloo's "terminate called ..."); its

@@ -494,7 +494,7 @@ def test_the_keys_lightning_cli_saves_in_a_checkpoint_are_the_ones_read_back(fit
 
 def test_lightnings_launcher_keeps_the_processes_it_starts_in_procs(tmp_path, monkeypatch):
     # app/command_line/train_cli.py, TrainCLI.processes_started_here: `trainer.strategy.launcher.procs`, the processes
-    # of this node that Lightning's launcher started from this one, which app/main.py waits for at the end; the
+    # of this node that Lightning's launcher started from this one, which app/job/children.py waits for at the end; the
     # launcher passes signals on to them (`launcher.kill`, app/job/fault_guard.py).
     class Started:
         def __init__(self, command: list[str], env: dict, cwd: str | None) -> None:

@@ -1,7 +1,9 @@
 """train.py's command line before LightningCLI sees it: the `--devices`/`--num_nodes` shortcuts, and `fit` put in
 front when no subcommand is named (the program then fits and tests)."""
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI.subcommands(), without importing Lightning
+from lightning.pytorch.cli import LightningCLI
+
+SUBCOMMANDS = tuple(LightningCLI.subcommands())  # fit, validate, test, predict
 SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
 
 

@@ -71,7 +71,7 @@ from app.say import say
 from datamodules import MNISTDataModule
 from models import ImageClassifier, model_names
 
-STOPS = (KeyboardInterrupt, SIGTERMException)  # Ctrl-C, and a stop signal FaultGuard turned into an exception
+STOPS = (KeyboardInterrupt, SIGTERMException)  # Ctrl-C, and a stop every rank agreed on (app/job/fault_guard.py)
 
 DESCRIPTION = """\
 Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
@@ -387,8 +387,8 @@ class TrainCLI(LightningCLI):
         return f"{train_py()}{subcommand} --ckpt_path {where}{shape}"
 
     def _settings_every_node_shares(self) -> dict:
-        """What the nodes of a job must agree on (`CompareWhenTheyMeet`): the settings the command runs with, what it
-        runs, and the step of the checkpoint it starts from (its path may differ from node to node)."""
+        """What the nodes of a job must agree on (`same_settings_everywhere`): the settings the command runs with,
+        what it runs, and the step of the checkpoint it starts from (its path may differ from node to node)."""
         settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
         settings[COMMAND] = "fit then test (none named)" if self.test_after_fit else self.subcommand
         if self.start is not None:
@@ -555,8 +555,8 @@ class TrainCLI(LightningCLI):
             rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}.")
 
     def processes_started_here(self) -> list[subprocess.Popen]:
-        """The processes of this node that Lightning's launcher started from this one (none in them, nor under
-        torchrun or SLURM): `launcher.procs`, where it keeps them, as it does to pass signals on to them."""
+        """The processes of this node that Lightning's launcher started from this one (none in a process it started,
+        nor under torchrun or SLURM): `launcher.procs`, where it keeps them, as it does to pass signals on to them."""
         return list(getattr(self.trainer.strategy.launcher, "procs", []))
 
     def _prediction_writer(self) -> PredictionWriter:

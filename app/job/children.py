@@ -21,6 +21,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 FIRST_PROCESS = "TRAIN_PY_FIRST_PROCESS"  # its pid, inherited by the processes Lightning's launcher starts from it
@@ -38,27 +39,37 @@ def die_with_parent() -> None:
         return
     if sys.platform != "linux":
         return
-    parent = int(os.environ.get(FIRST_PROCESS, os.getppid()))  # the first process, where it started this one
+    started_by_lightning = FIRST_PROCESS in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ
+    parent = int(os.environ[FIRST_PROCESS]) if started_by_lightning else os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request was in place
         os._exit(1)
 
 
 def end_after_the_first_process() -> None:
-    """In a process Lightning's launcher started, about to end with a failure or a stop: wait until the process
-    that started it has ended (this one dies with it), at most `FIRST_PROCESS_GRACE_S` seconds. No-op elsewhere."""
-    if os.environ.get(FIRST_PROCESS) != str(os.getppid()) or not hasattr(os, "pidfd_open"):
+    """In a process Lightning's launcher started, about to end with a failure or a stop once the processes have met:
+    wait until the process that started it has ended (this one dies with it), at most `FIRST_PROCESS_GRACE_S`
+    seconds. No-op elsewhere."""
+    first = os.getppid()
+    if os.environ.get(FIRST_PROCESS) != str(first):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    first = os.pidfd_open(os.getppid())
-    select.select([first], [], [], FIRST_PROCESS_GRACE_S)
+    try:
+        select.select([os.pidfd_open(first)], [], [], FIRST_PROCESS_GRACE_S)
+    except (AttributeError, OSError):  # no pidfd (Linux before 5.3, a seccomp profile that refuses it): look
+        deadline = time.monotonic() + FIRST_PROCESS_GRACE_S
+        while os.getppid() == first and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def wait_for_the_others(processes: list[subprocess.Popen]) -> int:
     """In the first process, once its work has ended well: wait for the processes Lightning's launcher started from
-    it (`processes`), and return the job's exit status: 1, naming the process, where one failed or did not end
-    within `EXIT_GRACE_S` seconds (then it is killed). Says what it waits for after `NOTICE_AFTER_S` seconds."""
+    it (`processes`), and return the job's exit status: one stopped by Ctrl-C or SIGTERM stops the job too (minus
+    the signal); one that failed fails it (1), named where it did not say why itself (its exit status 1 says it
+    did), or where it did not end within `EXIT_GRACE_S` seconds (then it is killed). Says what it waits for after
+    `NOTICE_AFTER_S` seconds. Lightning's watch may kill this process first, 0-5 s after one of them failed (exit
+    status 137, with Lightning's line naming the failed one): non-zero either way."""
     for local_rank, process in enumerate(processes, start=1):
         try:
             status = process.wait(timeout=NOTICE_AFTER_S)
@@ -69,7 +80,11 @@ def wait_for_the_others(processes: list[subprocess.Popen]) -> int:
             except subprocess.TimeoutExpired:
                 process.kill()
                 status = None
-        if status != 0:
+        if status == 0:
+            continue
+        if status in (-signal.SIGINT, -signal.SIGTERM):  # stopped, as the job is
+            return status
+        if status != 1:
             ended = "did not end; it was killed" if status is None else f"ended with exit status {status}"
             print(
                 f"error: the process of local rank {local_rank} (pid {process.pid}) {ended} after this process's work"
@@ -77,5 +92,5 @@ def wait_for_the_others(processes: list[subprocess.Popen]) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            return 1
+        return 1
     return 0

@@ -24,7 +24,7 @@ from app.say import say
 
 
 class StoppedBySignal(SIGTERMException):
-    """Every rank stopped at the same step after a stop signal; train.py exits with 128 + the signal's number."""
+    """Every rank stopped at the same step after a stop signal; train.py then ends by that signal (130, 143)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
@@ -71,10 +71,10 @@ class FaultGuard(Callback):
     SIGUSR1 all of them run Lightning's requeue there: save `hpc_ckpt_N.ckpt`, and rank 0 asks SLURM to requeue the
     job, which SLURM then stops with SIGTERM. After another signal all save `last.ckpt` there, in the middle of the
     epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
-    which train.py turns into exit status 128 + the signal. `--ckpt_path last` continues from the next sample. A
+    on which train.py ends by that signal, as a shell expects. `--ckpt_path last` continues from the next sample. A
     second Ctrl-C stops at once. Ctrl-C during fit's sanity check is recorded the same way: the run stops at the
     first check of training. Outside fit (a test, a validation, a prediction: nothing there to keep) and
-    before it (while the processes meet), a stop signal stops at once, with its status (130, 143).
+    before it (while the processes meet: `app/job/rendezvous.py`), a stop signal stops at once (130, 143).
 
     The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
     `TrainingDiverged` there, before `last.ckpt` would be overwritten with the diverged weights. The loss stays on
@@ -249,8 +249,8 @@ class FaultGuard(Callback):
         """A stage failed: this process says so itself, so the others stop watching its heartbeat (Lightning calls
         this hook, not `teardown`, after a failure; a process that outlives its failure must not be named frozen).
 
-        Ctrl-C where no handler of this guard is in place (while the processes meet; in a test, validate or predict
-        command; in the test after training): stop as a shell expects, with status 130 (`app/main.py`),
+        Ctrl-C where no handler of this guard is in place (in a test, validate or predict command; in the test after
+        training): stop as a shell expects, with status 130 (`app/main.py`),
         where Lightning would end the processes its launcher started with SIGKILL and exit with status 1."""
         self._put_back(trainer)
         self.stop_heartbeats()

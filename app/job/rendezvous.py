@@ -39,7 +39,8 @@ class Meeting:
         trainer = self.trainer
         trainer.strategy.setup_environment = self.set_up  # once: a test after the fit has met already
         in_main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main_thread else None
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a job a shell started in the background
+        previous = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main_thread and not ignored else None
         try:
             with announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank):
                 self.set_up()
