@@ -1,7 +1,6 @@
 """Train and test an image classifier with PyTorch Lightning and DDP. `python train.py --help` says how."""
 
 import gc
-import signal
 
 
 def main() -> None:
@@ -16,17 +15,13 @@ def main() -> None:
     shutdown prints comes last (`app/command_line/quiet.py`).
     """
     from app.command_line.quiet import silence_the_shutdown  # noqa: PLC0415 (the standard library only)
-    from app.job.children import die_with_parent  # noqa: PLC0415 (the standard library only)
+    from app.job.children import ctrl_c_ends_at_once, die_with_parent  # noqa: PLC0415 (the standard library only)
 
     die_with_parent()
     silence_the_shutdown()
     gc.disable()
-    ctrl_c = signal.getsignal(signal.SIGINT)
-    if ctrl_c is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from app.main import main as run  # noqa: PLC0415 (the imports the collector must not scan)
-
-    signal.signal(signal.SIGINT, ctrl_c)
+    with ctrl_c_ends_at_once():
+        from app.main import main as run  # noqa: PLC0415 (the imports the collector must not scan)
     gc.freeze()
     gc.enable()
     run()

@@ -7,8 +7,6 @@ import signal
 import sys
 from typing import NoReturn
 
-import torch
-
 from app.command_line.argv import parse_command, subcommand_of
 from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
 from app.command_line.quiet import silence_noise
@@ -17,7 +15,7 @@ from app.command_line.train_cli import STOPS, TrainCLI
 from app.job.children import end_after_the_first_process, wait_for_the_others
 from app.job.network import choose_socket_interface
 from app.job.node_loss import note_the_loss
-from app.job.process_group import close_process_group
+from app.job.process_group import close_process_group, have_met
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
 
@@ -52,19 +50,15 @@ def run(argv: list[str]) -> tuple[int, bool]:
         return wait_for_the_others(cli.processes_started_here()), True
     except STOPS as stop:  # every rank stopped at the same step, or Ctrl-C before training started or after it
         default = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
-        return -getattr(stop, "signum", default), _have_met()
+        return -getattr(stop, "signum", default), have_met()
     except Exception as error:
         if TRACEBACK_WANTED:
             raise
-        met = _have_met()
+        met = have_met()
         report(_what_went_wrong(error, args))
         return 1, met
     finally:
         close_process_group()
-
-
-def _have_met() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _what_went_wrong(error: Exception, args: list[str]) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.job.process_group import close_process_group
+from app.job.process_group import close_process_group, have_met
 from app.job.store import store_client, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
@@ -109,7 +109,7 @@ def leave_the_store(store: dist.Store, wait_s: float = REPORTED_WAIT_S) -> None:
 def _job_store() -> dist.Store | None:
     """The job's TCP store, where its processes meet (None before they have, or in a job of one process), under a
     prefix of this attempt's: each restart of a torchrun job speaks once more."""
-    met = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    met = have_met() and dist.get_world_size() > 1
     if not (met or under_torchrun()) or "MASTER_ADDR" not in os.environ:
         return None
     try:

@@ -13,6 +13,8 @@ neither ends them when the first process dies nor waits for them when it ends we
   collective with it, fails at once on gloo and ends too.
 - The first process, its own work done, waits for them: the job's exit status, the first process's, is a failure
   where one of them failed.
+
+And in every process, while it waits in C code (its imports, the meeting), Ctrl-C ends it at once.
 """
 
 import ctypes
@@ -21,7 +23,10 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 FIRST_PROCESS = "TRAIN_PY_FIRST_PROCESS"  # its pid, inherited by the processes Lightning's launcher starts from it
@@ -44,6 +49,22 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request was in place
         os._exit(1)
+
+
+@contextmanager
+def ctrl_c_ends_at_once() -> Iterator[None]:
+    """Within: Ctrl-C ends this process at once, by SIGINT's default action (130 in a shell), where Python's own
+    handler would run only once the C code under way returns (`init_process_group` waiting for a node that never
+    comes: up to the process-group timeout) or print a traceback of an import. Nothing where a shell made Ctrl-C
+    ignored (a job started with `&`), or outside the main thread, which alone may set a handler."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def end_after_the_first_process() -> None:

@@ -3,6 +3,11 @@
 import torch
 
 
+def have_met() -> bool:
+    """Whether this process is in a process group: the processes of the job have met."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def close_process_group() -> None:
     """Destroy the process group while Python is still fully alive.
 
@@ -12,5 +17,5 @@ def close_process_group() -> None:
     torchrun, whose agent holds it, the job's TCP store goes with it from global rank 0 (see
     `app/command_line/speaking.py`).
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if have_met():
         torch.distributed.destroy_process_group()

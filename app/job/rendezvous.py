@@ -2,7 +2,6 @@
 before any process writes a file."""
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +10,7 @@ from contextlib import contextmanager, suppress
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
+from app.job.children import ctrl_c_ends_at_once
 from app.job.store import store_client, under_torchrun
 
 FIRST_NOTICE_S = 10  # the first "still waiting" line, then one every NOTICE_EVERY_S
@@ -21,11 +21,9 @@ ARRIVED_KEY = "rendezvous/arrived"  # counted up once by each process that reach
 class Meeting:
     """Takes the place of the strategy's `setup_environment`, where the processes meet (`init_process_group`), once.
 
-    While they meet, this process says what it waits for (`announce_rendezvous`), and Ctrl-C ends it at once, by
-    SIGINT's own default action: torch waits in C++, where Python's handler of Ctrl-C runs only once the wait is
-    over, up to the process-group timeout (30 minutes by default) when a node never comes. Nothing is written yet,
-    so nothing is lost. Once they have met, `after()` runs in every process: Lightning has no hook in between, and
-    its setup hook, next, opens every logger's folder and event file.
+    While they meet, this process says what it waits for (`announce_rendezvous`), and Ctrl-C ends it at once
+    (`ctrl_c_ends_at_once`): nothing is written yet, so nothing is lost. Once they have met, `after()` runs in every
+    process: Lightning has no hook in between, and its setup hook, next, opens every logger's folder and event file.
     """
 
     def __init__(self, trainer: Trainer, after: Callable[[], None]) -> None:
@@ -38,15 +36,9 @@ class Meeting:
     def __call__(self) -> None:
         trainer = self.trainer
         trainer.strategy.setup_environment = self.set_up  # once: a test after the fit has met already
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a job a shell started in the background
-        previous = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main_thread and not ignored else None
-        try:
-            with announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank):
-                self.set_up()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+        meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
+        with ctrl_c_ends_at_once(), meeting:
+            self.set_up()
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.after()
 
