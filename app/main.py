@@ -14,7 +14,6 @@ from app.command_line.speaking import TRACEBACK_WANTED, bug_report, error_line, 
 from app.command_line.train_cli import STOPS, TrainCLI
 from app.job.children import end_after_the_first_process, wait_for_the_others
 from app.job.network import choose_socket_interface
-from app.job.node_loss import note_the_loss
 from app.job.process_group import close_process_group, have_met
 from app.run.export import ExportError, export
 from app.run.export import parse as parse_export_arguments
@@ -66,7 +65,6 @@ def _what_went_wrong(error: Exception, args: list[str]) -> str:
     if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS, ExportError)):
         return error_line(describe(error, args))
     if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
-        note_the_loss()  # for the attempt an elastic launcher starts next
         return error_line(PEER_LOST_MESSAGE)
     return bug_report(error)
 

@@ -339,7 +339,7 @@ class FailOnceRank0Spoke(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank == 1:
-            from app.job.store import store_client
+            from app.job.process_group import store_client
 
             spoken = torch.distributed.PrefixStore("report/0/", store_client(timeout_s=WAIT_S))
             spoken.wait(["spoken"])

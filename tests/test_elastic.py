@@ -75,11 +75,8 @@ def test_a_node_lost_leaves_the_other_to_finish_the_run(
     assert [path.name for path in (tmp_path / "SeqNet-mnist").iterdir()] == ["version_0"]  # the same run continued
     assert output.count("--ckpt_path last: nothing to continue") == 1  # the first attempt only
     assert len(scalars(tmp_path / LAST.parents[1])["val/acc"]) == 2  # one curve: epoch 0, then 1 after the restart
-    lost = re.search(
-        rf"Node lost: continuing on 1 node\(s\) of 2 from step {from_step}, ([\d.]+) s after the loss", output
-    )
-    assert lost, output[-4000:]
-    print(f"from the loss to the restarted process's check: {lost[1]} s")
+    lost = f"Node lost: continuing on 1 node(s) of 2 from step {from_step} (torchrun restarted the job; 2 -> 1"
+    assert lost in output, output[-4000:]
     assert (
         "Continuing a run of 2 processes on 1: per-device batch 50 -> 100, to keep the global batch of 100." in output
     )

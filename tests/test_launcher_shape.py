@@ -92,14 +92,3 @@ def test_gpu_indices_are_left_to_lightning():
 @pytest.mark.parametrize(("shape", "given", "every_s"), [(ELASTIC, None, 60), (ELASTIC, 5, 5), (FIXED, None, None)])
 def test_a_job_the_launcher_restarts_saves_last_ckpt_every_minute_unless_told_otherwise(shape, given, every_s):
     assert shape.checkpoint_every_s(given) == every_s
-
-
-def test_an_elastic_job_says_which_sizes_cannot_share_its_global_batch():
-    # 1, 2 or 3 nodes of 2 processes: 2, 4 or 6 processes; 100 samples divide among 2 and 4, not 6
-    assert ELASTIC.batch_warning(100) == (
-        "Elastic job, --nnodes 1:3: the global batch of 100 cannot be shared equally by 6 processes, so the job would"
-        " stop on 3 node(s). A global batch every size shares is a multiple of 12 (--data.batch_size x processes x"
-        " --trainer.accumulate_grad_batches)."
-    )
-    assert ELASTIC.batch_warning(120) is None
-    assert FIXED.batch_warning(100) is None

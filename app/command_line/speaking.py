@@ -20,8 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.job.process_group import close_process_group, have_met
-from app.job.store import store_client, under_torchrun
+from app.job.process_group import close_process_group, have_met, store_client, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")

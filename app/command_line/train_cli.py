@@ -38,7 +38,6 @@ from app.command_line.trainer import Trainer
 from app.invocation import tool, train_py
 from app.job.fault_guard import FaultGuard, last_checkpoint_path
 from app.job.launcher_shape import LauncherShape, launcher_shape
-from app.job.node_loss import seconds_since_the_loss
 from app.job.rendezvous import Meeting
 from app.run.checkpoints import AtomicCheckpointIO, remove_partial_files
 from app.run.continuation import (
@@ -113,7 +112,6 @@ class TrainCLI(LightningCLI):
         self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
         self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
         self.shape: LauncherShape | None = None  # what torchrun, SLURM or a PyTorchJob started (launcher_shape.py)
-        self.since_the_loss: float | None = None  # in a torchrun job restarted after a loss (app/job/node_loss.py)
         super().__init__(
             model_class=ImageClassifier,
             subclass_mode_model=True,
@@ -440,8 +438,6 @@ class TrainCLI(LightningCLI):
         config.update(self.shape.settle(config["devices"], config["num_nodes"]))
         for guard in (callback for callback in callbacks if isinstance(callback, FaultGuard)):
             guard.checkpoint_every_s = self.shape.checkpoint_every_s(guard.checkpoint_every_s)
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # the note of this node's previous attempt, used up here
-            self.since_the_loss = seconds_since_the_loss()
 
     def _output_folders(self) -> dict[str, Path | str]:
         """The folders global rank 0 writes the run's logs, checkpoints and predictions into, by option."""
@@ -525,8 +521,7 @@ class TrainCLI(LightningCLI):
 
     def _say_the_job_changed_size(self, world_size_before: int) -> None:
         """When the launcher restarted this very job on another number of nodes (an elastic torchrun job that lost a
-        node, or gained one: the checkpoint names the job, `FaultGuard.state_dict`), say so, and how long after the
-        loss the job starts again (`app/job/node_loss.py`)."""
+        node, or gained one: the checkpoint names the job, `FaultGuard.state_dict`), say so."""
         shape, saved = self.shape, self.start.contents.get("callbacks", {}).get(FaultGuard.__qualname__, {})
         if shape is None or saved.get("torchrun_run_id") != os.environ.get("TORCHELASTIC_RUN_ID"):
             return
@@ -534,10 +529,8 @@ class TrainCLI(LightningCLI):
         step = self.start.contents.get("global_step", 0)
         restarted = f"({shape.launcher} restarted the job; {world_size_before} -> {self.trainer.world_size} processes)"
         if shape.num_nodes < nodes_before:
-            after = f", {self.since_the_loss:.1f} s after the loss" if self.since_the_loss is not None else ""
             rank_zero_info(
-                f"Node lost: continuing on {shape.num_nodes} node(s) of {nodes_before} from step {step}{after}"
-                f" {restarted}."
+                f"Node lost: continuing on {shape.num_nodes} node(s) of {nodes_before} from step {step} {restarted}."
             )
         elif shape.num_nodes > nodes_before:
             rank_zero_info(
@@ -567,7 +560,6 @@ class TrainCLI(LightningCLI):
         if self._setting("ckpt_path") == "last" and self.start is None:
             rank_zero_info(f"--ckpt_path last: nothing to continue in {self._runs_of_model()}, starting a new run.")
         self._check_before_launch(*(("fit", "test") if self.test_after_fit else ("fit",)))
-        self._warn_of_sizes_that_cannot_share_the_batch()
         no_launcher = self.shape is None  # a launcher's one process was asked for
         if self.trainer.world_size == 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and no_launcher:
             # Lightning's `devices="auto"` is one process on a CPU: more would share its cores and run no faster.
@@ -575,15 +567,6 @@ class TrainCLI(LightningCLI):
                 f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"
                 " processes, which share those cores."
             )
-
-    def _warn_of_sizes_that_cannot_share_the_batch(self) -> None:
-        """In an elastic job, the numbers of nodes it may come to whose processes cannot share the global batch:
-        a continuation there would stop (it keeps the global batch). Said once, at the start."""
-        if self.shape is not None and hasattr(self.datamodule, "hparams"):
-            trainer = self.trainer
-            global_batch = self.datamodule.hparams.batch_size * trainer.world_size * trainer.accumulate_grad_batches
-            if line := self.shape.batch_warning(global_batch):
-                rank_zero_info(line)
 
     def before_validate(self) -> None:
         self._check_before_launch("validate")

@@ -1,20 +1,10 @@
-"""The processes Lightning's launcher starts beside the first one, and how their ends meet.
+"""The ends of the processes Lightning's launcher starts beside the first one with `--devices N`.
 
-With `--devices N` and no outside launcher, `trainer.fit` starts the node's other N - 1 processes, running train.py's
-command line again (Lightning's `ddp` strategy, as in any Lightning program), and watches them from a thread: 0-5 s
-after one of them ends with a non-zero status it kills them all, and the first process, with SIGKILL. Lightning
-neither ends them when the first process dies nor waits for them when it ends well. What train.py adds, and why:
-
-- Each process it starts dies with the process that started it (Linux's parent-death signal): a first process
-  that fails leaves none of them waiting in a collective until the process-group timeout (30 minutes).
-- One that fails or is stopped ends after the first process, having said what it had to: ending before, it would
-  have Lightning's watch kill the first while that one still writes out its logs and says why the job ended (exit
-  status 137 instead of its own). It closes its process group first, so that the first process, waiting in a
-  collective with it, fails at once on gloo and ends too.
-- The first process, its own work done, waits for them: the job's exit status, the first process's, is a failure
-  where one of them failed.
-
-And in every process, while it waits in C code (its imports, the meeting), Ctrl-C ends it at once.
+Lightning watches them from a thread (0-5 s after one ends with a non-zero status it kills them all, the first one
+too, with SIGKILL), but neither ends them when the first process dies nor waits for them when it ends well. What
+train.py adds: each dies with the first process; one that fails or is stopped ends after the first one, having
+said why (else Lightning's watch would kill the first while it says why the job ended); the first one waits for
+them, so that the job's exit status says whether one failed. And Ctrl-C ends a wait in C code at once.
 """
 
 import ctypes

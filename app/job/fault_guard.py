@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.errors import UserError
 from app.job.heartbeats import Heartbeats
-from app.job.store import store_client
+from app.job.process_group import store_client
 from app.say import say
 
 
@@ -39,48 +39,30 @@ SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", sig
 
 
 class FaultGuard(Callback):
-    """Act on stop signals, SLURM's requeue signal, a diverged loss and a process that stopped answering.
+    """Act on stop signals, SLURM's requeue signal, a diverged loss and a process that stopped answering, on every
+    rank at the same step (how and why: docs/multinode.md, "How it works").
 
     Args:
         every_n_steps: Optimizer steps between two checks of signals and loss; each check is one all-reduce of four
-            flags. With 1 the ranks compare flags after every optimizer step, as often as Lightning does by itself.
+            flags, never between the batches whose gradients one step accumulates, and one more at each epoch's end.
         stall_timeout: Seconds without a sign of life from a process of the job before the others name it and end
-            the job (0: never). Each process counts up a key in the job's TCP store from a thread
-            (`app/job/heartbeats.py`): no collective, nothing the training step waits for. Processes that all
-            answer but wait in different collectives for as long are named too (a deadlock).
+            the job (0: never): `app/job/heartbeats.py`, from a thread, nothing the training step waits for.
+            Processes that all answer but wait in different collectives for as long are named too (a deadlock).
         checkpoint_every_s: Seconds of training after which every rank saves `last.ckpt` at the next check, in the
-            middle of an epoch too, so that a killed process or a lost node costs at most that much (None: only at
-            each epoch's end; 0: at every check). The decision travels in the check's all-reduce: no collective of
-            its own, where Lightning's `ModelCheckpoint(train_time_interval=...)` broadcasts one before every step.
-            With it, a new run also saves its weights before the first step. 60 by default in a job that torchrun
+            middle of an epoch too (None: only at each epoch's end; 0: at every check). The decision travels in the
+            check's all-reduce, where Lightning's `ModelCheckpoint(train_time_interval=...)` broadcasts before every
+            step. A new run then also saves its weights before the first step. 60 by default in a job that torchrun
             restarts (`app/job/launcher_shape.py`).
 
-    Stop signals: `kill`, `docker stop`, SLURM at a time limit and torchrun when stopped send SIGTERM; Ctrl-C sends
-    SIGINT to every process of the job; a closed terminal or a dropped ssh session sends SIGHUP; SLURM sends SIGUSR1
-    (`--signal` in scripts/train.sbatch) before pre-empting a job. Lightning (2.5, 2.6) runs collectives inside its
-    signal handlers (a broadcast for SIGTERM, a checkpoint save with its barrier for SIGUSR1), and a handler runs
-    when its process next executes Python: when the signal finds one rank in Python and another blocked in a
-    collective, the two collectives never match, and the job hangs until the process-group timeout. Lightning's loop
-    also broadcasts rank 0's SIGTERM flag before every step and reads it back with `.item()`: one collective and, on
-    a GPU, one host-device synchronisation per step.
-
-    Here the handlers only record the signal (SIGTERM and SIGHUP are passed on to the processes Lightning's
-    launcher started, as Lightning does). The ranks compare their flags with one all-reduce every `every_n_steps`
-    optimizer steps (never between the batches whose gradients one step accumulates) and at the end of each
-    training epoch, points every rank reaches at the same step. After
-    SIGUSR1 all of them run Lightning's requeue there: save `hpc_ckpt_N.ckpt`, and rank 0 asks SLURM to requeue the
-    job, which SLURM then stops with SIGTERM. After another signal all save `last.ckpt` there, in the middle of the
-    epoch too (the training loader's position is in it: `datamodules/sampler.py`), and raise `StoppedBySignal`,
-    on which train.py ends by that signal, as a shell expects. `--ckpt_path last` continues from the next sample. A
-    second Ctrl-C stops at once. Ctrl-C during fit's sanity check is recorded the same way: the run stops at the
-    first check of training. Outside fit (a test, a validation, a prediction: nothing there to keep) and
-    before it (while the processes meet: `app/job/rendezvous.py`), a stop signal stops at once (130, 143).
-
-    The same check looks at the last training loss: NaN or infinite on any rank, and every rank raises
-    `TrainingDiverged` there, before `last.ckpt` would be overwritten with the diverged weights. The loss stays on
-    its device until the check, so this adds no host-device synchronisation to the other steps. (Lightning's
-    `EarlyStopping(check_finite=True)` looks at a logged metric once per validation and only asks the run to stop:
-    the checkpoints of that epoch are still written, with the diverged weights.)
+    Lightning runs collectives inside its signal handlers, which hang the job when they meet another rank's gradient
+    all-reduce, and broadcasts rank 0's SIGTERM flag before every step. Here the handlers only record the signal
+    (SIGTERM and SIGHUP are passed on to the processes Lightning's launcher started, as Lightning does), and each
+    check all-reduces the flags. After SIGUSR1 every rank runs Lightning's requeue there; after another stop signal
+    every rank saves `last.ckpt` there (the loader's position with it: `datamodules/sampler.py`) and raises
+    `StoppedBySignal`: `--ckpt_path last` continues from the next sample. A second Ctrl-C stops at once, as does a
+    stop outside fit (nothing to keep) or before it (`app/job/rendezvous.py`). A loss that became NaN or infinite
+    on any rank raises `TrainingDiverged` at the check, before `last.ckpt` would hold the diverged weights; the loss
+    stays on its device until then.
     """
 
     def __init__(

@@ -15,8 +15,8 @@ from contextlib import suppress
 import torch.distributed as dist
 
 from app.job.children import end_after_the_first_process
-from app.job.node_loss import note_the_loss
-from app.job.store import under_torchrun
+from app.job.process_group import under_torchrun
+from app.job.watch import watch
 
 # What a store call raises when no answer came within the store's timeout (the store lives, its holder may not).
 NO_ANSWER_IN_TIME = (dist.DistStoreError, TimeoutError)
@@ -24,28 +24,19 @@ DEADLOCK_SAID = "deadlock_said"  # set by the process that named a deadlock: the
 
 
 class Heartbeats:
-    """Every process of a running job counts up a key in the job's store every few seconds, and reads the others'.
+    """Every process of a running job counts up a key in the job's store every few seconds, and reads the others'
+    (docs/multinode.md, "How it works").
 
-    A process whose count has not moved for `limit_s` seconds is frozen (SIGSTOP), or its host hung or lost the
-    network: one line names it (global rank, host, pid), and every process that noticed ends the job; the lowest
-    global rank that is still alive prints, and a silent process on this host is killed (a stopped process would
-    otherwise stay). When the store itself stops answering, the process that holds it (global rank 0, or torchrun's
-    agent) is the silent one. The counts come from a thread: a long validation, a checkpoint on slow storage or a
-    download by one rank keeps counting, while the process runs at all.
+    A process whose count has not moved for `limit_s` seconds is frozen, or its host hung or lost the network: the
+    lowest live rank names it (global rank, host, pid), every process that noticed ends, and a silent process on this
+    host is killed. A store that stops answering names its holder. Processes that all count and all wait in
+    collectives in different places, none moving for `limit_s`, are deadlocked: the lowest names where each stands.
 
-    With each count a process also puts where it stands (`where`: its stage, epoch and step) and whether its main
-    thread waits in a collective (`waiting`). Processes that all answer and all wait in a collective, in different
-    places, none of them moving for `limit_s` seconds, no longer meet in the same collective (one trains on while
-    another waits in the test): the lowest of them names each with where it stands and ends the job, where torch
-    would wait for the process-group timeout (30 minutes); the others end when they read that it did. While one
-    process is busy outside a collective (a slow validation, a slow disk), the others are waiting for it, and all
-    are left alone. (On NCCL a process waits for a collective where it next synchronises with its GPU, which need
-    not be seen as such: there the process-group timeout may be what ends a deadlock.)
-
-    `store` is the job's store (under a prefix of this job's own), `where` says where this process stands (a list
-    of JSON values, read in this thread), `on_stall` is called before the process ends and returns what is kept of
-    the run (a sentence), and `end_job` ends the process (tests give their own). An error of this thread's own is
-    printed with its traceback, and this process then stops being watched: never named frozen for it.
+    `store` is the job's store (under a prefix of this job's own), `where` says where this process stands (JSON
+    values, read in the heartbeat thread), `on_stall` is called before the process ends and returns what is kept of
+    the run (a sentence), `end_job` ends the process and `waiting` says whether its main thread waits in a
+    collective (tests give their own). An error of this thread's own is printed with its traceback, and this
+    process then stops being watched.
     """
 
     LEFT = 10**12  # added to a count by a process that stopped watching on purpose: the others stop watching it too
@@ -79,8 +70,8 @@ class Heartbeats:
         self.store.set(f"who/{self.rank}", json.dumps(me))
         self.store.add(f"beat/{self.rank}", 1)
         self.last_answer = time.monotonic()
-        for target, name in ((self._count, "heartbeat"), (self._watch_store, "store-watch")):
-            threading.Thread(target=self._reporting_errors, args=(target,), name=name, daemon=True).start()
+        threading.Thread(target=self._reporting_errors, args=(self._count,), name="heartbeat", daemon=True).start()
+        watch(self._look_at_the_store, self.stopped)
 
     def _reporting_errors(self, target: Callable[[], None]) -> None:
         """Run `target`; an error of its own is said with its cause, and the others stop watching this process."""
@@ -144,18 +135,17 @@ class Heartbeats:
                     self._end_for_deadlock(places, round(now - still_since))
             self.stopped.wait(self.interval_s)
 
-    def _watch_store(self) -> None:
+    def _look_at_the_store(self) -> None:
         """A store call of `_count` that meets a frozen holder waits for it without end (the client's timeout does
-        not bound it): this thread makes no call, and names the holder once no answer came for `limit_s`."""
-        while not self.stopped.wait(1.0):
-            silent_for = time.monotonic() - self.last_answer
-            if silent_for > self.limit_s:
-                # Under torchrun the agent of rank 0's node holds it: name the ranks of that host, this one aside (it
-                # is running this very line: a rank of that host, as when several "nodes" share one machine).
-                store_holders = [0] if not under_torchrun() else self._same_host_as(0)
-                store_holders = [rank for rank in store_holders if rank != self.rank] or store_holders
-                what = f"holds the job's store, which has not answered for {round(silent_for)} s"
-                self._end_for_silence(store_holders, what=what)
+        not bound it): the watch thread, which makes no call, names the holder once no answer came for `limit_s`."""
+        silent_for = time.monotonic() - self.last_answer
+        if silent_for > self.limit_s:
+            # Under torchrun the agent of rank 0's node holds it: name the ranks of that host, this one aside (it
+            # is running this very line: a rank of that host, as when several "nodes" share one machine).
+            store_holders = [0] if not under_torchrun() else self._same_host_as(0)
+            store_holders = [rank for rank in store_holders if rank != self.rank] or store_holders
+            what = f"holds the job's store, which has not answered for {round(silent_for)} s"
+            self._end_for_silence(store_holders, what=what)
 
     def _end_for_silence(self, silent: list[int], silent_s: int = 0, what: str = "") -> None:
         """Name the processes that stopped answering, kill those that live here, and end this one."""
@@ -180,8 +170,6 @@ class Heartbeats:
         if not self.ending.acquire(blocking=False):
             return
         try:
-            if kill:
-                note_the_loss()
             speakers = [rank for rank in range(self.world_size) if rank not in speaker_not_in]
             if self.rank == min(speakers, default=-1):
                 print(line, flush=True)

@@ -7,7 +7,6 @@ launcher's figures win over the command line's, and a line says so. Lightning ne
 issues #9063 and #10180).
 """
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,24 +69,6 @@ class LauncherShape:
     def checkpoint_every_s(self, given: float | None) -> float | None:
         """`--fault_guard.checkpoint_every_s` in this job: every minute in one the launcher restarts, unless given."""
         return RESTARTABLE_CHECKPOINT_EVERY_S if given is None and self.restartable else given
-
-    def batch_warning(self, global_batch: int) -> str | None:
-        """In an elastic job, a line naming the numbers of nodes it may shrink or grow to whose processes cannot
-        share `global_batch` equally (a continued run keeps its global batch, and stops where it cannot); else None."""
-        if not self.elastic:
-            return None
-        low, _, high = self.elastic.partition(":")
-        sizes = range(int(low), int(high) + 1)
-        cannot = [nodes for nodes in sizes if global_batch % (nodes * self.devices)]
-        if not cannot:
-            return None
-        every_size = math.lcm(*(nodes * self.devices for nodes in sizes))
-        return (
-            f"Elastic job, --nnodes {self.elastic}: the global batch of {global_batch} cannot be shared equally by"
-            f" {' or '.join(str(nodes * self.devices) for nodes in cannot)} processes, so the job would stop on"
-            f" {' or '.join(map(str, cannot))} node(s). A global batch every size shares is a multiple of"
-            f" {every_size} (--data.batch_size x processes x --trainer.accumulate_grad_batches)."
-        )
 
 
 def _number(value: object) -> object:

@@ -1,21 +1,38 @@
-"""Closing the job's process group, which Lightning opens and leaves open."""
+"""The job's process group, which Lightning opens and leaves open, and its TCP store: the key-value server at
+MASTER_ADDR:MASTER_PORT where the processes meet (in global rank 0's process, or in torchrun's agent). The project's
+threads reach the store with clients of their own: training gains no collective and no wait."""
+
+import os
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 
 def have_met() -> bool:
     """Whether this process is in a process group: the processes of the job have met."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+    return dist.is_available() and dist.is_initialized()
 
 
 def close_process_group() -> None:
-    """Destroy the process group while Python is still fully alive.
-
-    Lightning leaves it open when the program ends. Gloo's worker threads may then still hold the work of the last
-    collectives, whose tensors get freed during interpreter shutdown: the process aborts (SIGABRT, "terminate called
-    without an active exception") after a run that finished well, and its exit status says it failed. Except under
-    torchrun, whose agent holds it, the job's TCP store goes with it from global rank 0 (see
-    `app/command_line/speaking.py`).
-    """
+    """Destroy the process group while Python is still fully alive. Lightning leaves it open, and Gloo's threads
+    then abort the process at exit (SIGABRT, "terminate called without an active exception") after a run that
+    finished well. Except under torchrun, the job's TCP store goes with it from global rank 0."""
     if have_met():
         torch.distributed.destroy_process_group()
+
+
+def store_client(timeout_s: float) -> dist.TCPStore:
+    """A client of the job's TCP store that does not count as one of its processes."""
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def under_torchrun() -> bool:
+    """torchrun's workers use the store of torchrun's agent, which met the other nodes before starting them."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

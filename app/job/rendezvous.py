@@ -5,17 +5,17 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
 from app.job.children import ctrl_c_ends_at_once
-from app.job.store import store_client, under_torchrun
+from app.job.process_group import under_torchrun
+from app.job.watch import watch
 
-FIRST_NOTICE_S = 10  # the first "still waiting" line, then one every NOTICE_EVERY_S
+FIRST_NOTICE_S = 10  # the first "has waited" line, then one every NOTICE_EVERY_S
 NOTICE_EVERY_S = 60
-ARRIVED_KEY = "rendezvous/arrived"  # counted up once by each process that reached the store
 
 
 class Meeting:
@@ -45,65 +45,38 @@ class Meeting:
 
 @contextmanager
 def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_rank: int) -> Iterator[None]:
-    """While this process waits for the others to meet (`init_process_group`), say every minute what it waits for.
+    """While this process waits for the others to meet, say every minute what it waits for, from local rank 0.
 
     Without it the wait is silent until the process-group timeout, 30 minutes by default, when a node was never
-    started or was started with another MASTER_PORT. Every process counts itself in the store once it reaches it
-    (torch counts the processes too, under a key its Python API cannot read); one process per node speaks.
-    Under torchrun the agents met before they started the processes: nothing to say.
+    started or was started with another MASTER_PORT. Under torchrun the agents met before they started the
+    processes: nothing to say.
     """
-    if world_size == 1 or dist.is_initialized() or under_torchrun():
+    if world_size == 1 or local_rank != 0 or dist.is_initialized() or under_torchrun():
         yield
         return
+    started, next_notice = time.monotonic(), [time.monotonic() + FIRST_NOTICE_S]
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+    def look() -> None:
+        if time.monotonic() >= next_notice[0]:
+            next_notice[0] += NOTICE_EVERY_S
+            print(
+                f"Node {node_rank} has waited {round(time.monotonic() - started)} s at {address} for the {world_size}"
+                f" processes of the job ({num_nodes} node(s) x {world_size // num_nodes}). Usual causes: a node not"
+                " started yet, or started with another MASTER_ADDR or MASTER_PORT; a firewall closing that port;"
+                " another network interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Waiting up to the"
+                " process-group timeout (--trainer.strategy.timeout, 30 minutes by default).",
+                flush=True,
+            )
+
     stop = threading.Event()
-    arguments = (stop, world_size, num_nodes, node_rank, local_rank == 0)
-    notice = threading.Thread(target=_announce, args=arguments, name="rendezvous-notice", daemon=True)
-    notice.start()
+    watcher = watch(look, stop)
     try:
         yield
     finally:
         stop.set()
-        notice.join(timeout=5)  # a run shorter than its one-second look still says that the processes met
-
-
-def _announce(stop: threading.Event, world_size: int, num_nodes: int, node_rank: int, speaks: bool) -> None:
-    started = time.monotonic()
-    next_notice = started + FIRST_NOTICE_S
-    counted = spoke = False
-    while True:
-        stopping = stop.wait(1.0)
-        waited = round(time.monotonic() - started)
-        if dist.is_initialized() or stopping:
-            if spoke and dist.is_initialized():
-                print(f"All {world_size} processes of the job have met, after {waited} s.", flush=True)
-            return
-        if not counted:
-            with suppress(Exception):  # the store is not up yet, or not reachable from here
-                counted = bool(store_client(timeout_s=2).add(ARRIVED_KEY, 1))
-        if speaks and time.monotonic() >= next_notice:
-            next_notice += NOTICE_EVERY_S
-            print(_waiting_line(waited, world_size, num_nodes, node_rank, counted), flush=True)
-            spoke = True
-
-
-def _waiting_line(waited: int, world_size: int, num_nodes: int, node_rank: int, reached: bool) -> str:
-    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    causes = (
-        "Usual causes: a node not started yet, or started with another MASTER_ADDR or MASTER_PORT; a firewall"
-        " closing that port; another network interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Waiting up to the"
-        " process-group timeout (--trainer.strategy.timeout, 30 minutes by default)."
-    )
-    if not reached:
-        return f"Node {node_rank} has waited {waited} s to reach node 0 at MASTER_ADDR:MASTER_PORT {address}. {causes}"
-    arrived = None
-    with suppress(Exception):
-        arrived = store_client(timeout_s=2).add(ARRIVED_KEY, 0)
-    if arrived is None or arrived >= world_size:
-        return (
-            f"Waited {waited} s for the {world_size} processes of the job to connect to each other (they met at"
-            f" {address}). {causes}"
+        watcher.join()
+    if next_notice[0] > started + FIRST_NOTICE_S:  # it said it waited: now it says that the wait is over
+        print(
+            f"All {world_size} processes of the job have met, after {round(time.monotonic() - started)} s.", flush=True
         )
-    return (
-        f"Waited {waited} s at {address} for the {world_size} processes of the job ({num_nodes} node(s) x"
-        f" {world_size // num_nodes}): {arrived} have arrived. {causes}"
-    )

@@ -1,0 +1,21 @@
+"""The one thread the project starts besides the heartbeat: it watches a wait that may never end from outside it."""
+
+import threading
+from collections.abc import Callable
+
+
+def watch(look: Callable[[], object], stop: threading.Event) -> threading.Thread:
+    """Call `look` every second, in a thread named "watch", until `stop` is set.
+
+    A wait inside C code (the processes meeting in `init_process_group`, a store call to a frozen holder) may last
+    without end whatever its timeout says, and Python runs nothing of that thread meanwhile. `look` makes no call
+    that can block: it reads the clock and says, or ends the process.
+    """
+
+    def run() -> None:
+        while not stop.wait(1.0):
+            look()
+
+    thread = threading.Thread(target=run, name="watch", daemon=True)
+    thread.start()
+    return thread
