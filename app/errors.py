@@ -1,5 +1,4 @@
-"""The error of a mistake the user can fix. Here, importing nothing of the project, so that every folder of `app/`
-raises it without importing another (`app.command_line.errors` says how each mistake is told)."""
+"""The error of a mistake the user can fix, importing nothing of the project so that every folder can raise it."""
 
 
 class UserError(Exception):

@@ -1,10 +1,5 @@
-"""The commands the program prints, spelled so that they run where the user stands.
-
-After the README's set-up (a virtual environment `.venv`, not activated), `python` and `tensorboard` on the PATH are
-not this environment's: `python train.py` fails with "No module named 'torch'" and `tensorboard` is not found. So a
-printed command names this environment's program by its path (`.venv/bin/tensorboard`) unless the PATH already
-leads there (an activated environment, a system-wide install), and train.py by its path from where the user runs.
-"""
+"""The commands the program prints, spelled so that they run where the user stands: after the README's set-up (a
+`.venv` not activated), `.venv/bin/tensorboard` rather than `tensorboard`, unless the PATH already leads there."""
 
 import os
 import shutil

@@ -1,6 +1,5 @@
-"""What `train.py` runs: its command line through TrainCLI (or `export`), every mistake in one line, and the exit
-status a shell, torchrun or SLURM reads: 0; 1 after a mistake or a bug; after Ctrl-C or SIGTERM, an end by that very
-signal, as any Unix program ends, so that a shell loop around train.py stops on Ctrl-C (130 and 143 in the shell)."""
+"""What `train.py` runs: TrainCLI (or `export`), every mistake in one line, and the exit status: 0; 1 after a mistake
+or a bug; after Ctrl-C or SIGTERM, an end by that very signal, so that a shell loop stops (130 and 143)."""
 
 import os
 import signal
@@ -70,9 +69,8 @@ def _what_went_wrong(error: Exception, args: list[str]) -> str:
 
 
 def end(status: int) -> NoReturn:
-    """End the process with `status`; with minus a signal's number, by that signal, its default action restored.
-    Python's exit handlers do not run then: what a stop keeps was written before (the checkpoint, and the loggers,
-    which Lightning finalizes when a stage is interrupted)."""
+    """End the process with `status`; with minus a signal's number, by that signal (exit handlers do not run then:
+    what a stop keeps was written before)."""
     sys.stdout.flush()
     sys.stderr.flush()
     if status < 0:

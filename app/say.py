@@ -7,8 +7,7 @@ from tqdm import tqdm
 
 
 def say(text: str) -> None:
-    """Print `text` from global rank 0. Lightning's progress bar (tqdm, on standard output) keeps its line open while
-    it runs, so a line printed the usual way was glued to the bar's; tqdm's `write` takes the bar away, prints the
-    line and draws the bar again below it (and prints plainly where no bar is drawn)."""
+    """Print `text` from global rank 0 with tqdm's `write`, which takes the progress bar away and draws it again
+    below (a plain print was glued to the bar's line)."""
     if rank_zero_only.rank == 0:
         tqdm.write(text, file=sys.stdout)

@@ -497,6 +497,8 @@ def test_lightnings_launcher_keeps_the_processes_it_starts_in_procs(tmp_path, mo
     # of this node that Lightning's launcher started from this one, which app/job/children.py waits for at the end; the
     # launcher passes signals on to them (`launcher.kill`, app/job/fault_guard.py).
     class Started:
+        returncode = 0  # ended well, for the launcher's thread that watches them
+
         def __init__(self, command: list[str], env: dict, cwd: str | None) -> None:
             self.local_rank, self.signals, self.pid = env["LOCAL_RANK"], [], 0
 

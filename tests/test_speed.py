@@ -6,11 +6,12 @@ import sys
 from collections import Counter
 
 import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
+from app.command_line.train_cli import PROGRESS_BAR_EVERY_N_STEPS, TrainCLI
+from app.run.predictions import PredictionWriter
 from tests.count_host_reads import STEP
 from tests.helpers import run_command, small_run
-
-pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
 
 def host_reads_of_a_fit(out_dir, argv: list[str]) -> dict[str, list[str]]:
@@ -21,6 +22,7 @@ def host_reads_of_a_fit(out_dir, argv: list[str]) -> dict[str, list[str]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(out_dir.glob("rank*.json"))}
 
 
+@pytest.mark.slow  # a run of 2 processes: `make test-fast` leaves it out
 @pytest.mark.timeout(600)
 def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_dir, tmp_path):
     """Under DDP, on every rank: reads at setup and teardown are fine; none in the steps between logging steps.
@@ -38,3 +40,26 @@ def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_
         assert len(steps) == 15, f"{rank}: {len(steps)} optimizer steps"
         between = [event for event in events[steps[4] : steps[14]] if event != STEP]
         assert not between, f"{rank}: reads in steps 6 to 15: {Counter(between).most_common(5)}"
+
+
+@pytest.mark.parametrize(
+    ("options", "refresh_rate", "checkpoints"),
+    [
+        ((), PROGRESS_BAR_EVERY_N_STEPS, 2),
+        (("--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate", "1"), 1, 2),
+        (("--timed_checkpoint.train_time_interval", "0:00:00"), PROGRESS_BAR_EVERY_N_STEPS, 3),
+        (("--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false"), None, 0),
+    ],
+    ids=["defaults", "a progress bar of the user's", "a timed checkpoint asked for", "bar and checkpoints off"],
+)
+def test_a_fit_calls_no_callback_that_has_nothing_to_do(data_dir, tmp_path, options, refresh_rate, checkpoints):
+    """Lightning calls every callback at every hook of every step (benchmarks/host_step.py): the prediction writer
+    and an idle timed checkpoint are left out of a fit, and the progress bar refreshes every few steps, unless the
+    user gives their own."""
+    shown = {"enable_progress_bar": None}  # SMALL_RUN's "false" left out
+    argv = small_run(data_dir, tmp_path, *options, "--trainer.limit_train_batches", "2", **shown)
+    callbacks = TrainCLI(["fit", *argv]).trainer.callbacks
+    bars = [callback for callback in callbacks if isinstance(callback, ProgressBar)]
+    assert [bar.refresh_rate for bar in bars] == ([refresh_rate] if refresh_rate else [])
+    assert sum(isinstance(callback, ModelCheckpoint) for callback in callbacks) == checkpoints
+    assert not any(isinstance(callback, PredictionWriter) for callback in callbacks)

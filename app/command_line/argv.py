@@ -8,11 +8,8 @@ SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nod
 
 
 def parse_command(argv: list[str]) -> tuple[list[str], bool]:
-    """Turn `train.py`'s command line into LightningCLI arguments, and say whether to test after fitting.
-
-    With no subcommand the program fits and then tests, so `fit` is put in front. The shortcuts `--devices N`
-    and `--num_nodes N` become `--trainer.devices N` and `--trainer.num_nodes N`, placed after the subcommand.
-    """
+    """`train.py`'s command line as LightningCLI arguments (shortcuts expanded, `fit` put in front when no
+    subcommand is named), and whether to test after fitting."""
     args, shortcuts = [], []
     tokens = iter(argv)
     for token in tokens:

@@ -1,8 +1,5 @@
-"""Checks before the processes meet: what can be found wrong is found and said by one process of each node.
-
-Lightning finds most of these too, but only after the processes have met: with a traceback from every process, or,
-for a folder it cannot write, after the time spent training.
-"""
+"""Checks before the processes meet, said by one process of each node (Lightning finds most of these only after
+they have met, with a traceback from every process, or after training for a folder it cannot write)."""
 
 import errno
 import os
@@ -32,11 +29,8 @@ HARDWARE = {"gpu": "GPU", "cuda": "CUDA GPU", "mps": "Apple GPU (MPS)", "tpu": "
 
 
 def check_accelerator(accelerator: object) -> None:
-    """Stop first thing when `--trainer.accelerator` names hardware this machine does not have.
-
-    Lightning finds it too, but only once the run has started ("Seed set to 42" comes first) and with no word of
-    what to do instead. Accelerators given as a class, and names this check does not know, are left to Lightning.
-    """
+    """Stop first thing when `--trainer.accelerator` names hardware this machine does not have (Lightning finds it
+    after "Seed set to 42", with no word of what to do); classes and other names are left to Lightning."""
     name = accelerator.lower() if isinstance(accelerator, str) else None
     if name == "gpu":
         available = CUDAAccelerator.is_available() or MPSAccelerator.is_available()
@@ -83,10 +77,8 @@ def check_sync_batchnorm(trainer: Trainer, sync_batchnorm: bool) -> None:
 
 
 def check_writable(option: str, folder: str | Path) -> None:
-    """Say in one line why `folder` cannot be written, where it cannot: a folder under a file, on a read-only disk or
-    without permission would otherwise fail in the middle of the run. Nothing is created: the nearest folder that
-    exists takes a nameless file (gone when closed), and the run makes its folders once it goes ahead.
-    """
+    """Say in one line why `folder` cannot be written, if it cannot, creating nothing: the nearest folder that
+    exists takes a nameless file (gone when closed)."""
     folder = Path(folder)
     try:
         existing = next(path for path in (folder, *folder.parents) if path.exists())
@@ -104,13 +96,8 @@ def check_writable(option: str, folder: str | Path) -> None:
 
 
 def check_data(trainer: Trainer, datamodule: LightningDataModule, stages: tuple[str, ...]) -> None:
-    """Download and decode the data now, before the processes meet.
-
-    A missing or corrupt file then stops the program with one message from one process. Only local rank 0
-    does this (the process the user started, or with torchrun/SLURM the first process of each node), as Lightning
-    does with `prepare_data`; the other processes wait at the meeting and load the data in `setup`, after
-    Lightning's barrier.
-    """
+    """Download and decode the data now, before the processes meet, on local rank 0 (as `prepare_data` runs): a bad
+    file is one message from one process; the others load the data in `setup`, after Lightning's barrier."""
     if trainer.local_rank != 0:
         return
     datamodule.prepare_data()

@@ -1,10 +1,5 @@
-"""Every mistake a user can make ends in one line: what is wrong and what to do, from one process, exit status 1.
-
-`app.main.main` catches the errors listed here and prints `describe(error)`, from one process (`speaking.py`).
-Mistakes found while parsing are jsonargparse's (shortened in `parser_messages.py`); values the parser accepts but
-torch or Lightning reject later are tied to the option the user set (`blame_option`); the rest raise `UserError` with
-their own message. Any other error is a bug, and keeps its traceback.
-"""
+"""Every mistake a user can make ends in one line from one process, exit status 1 (docs/errors.md); any other error
+is a bug, and keeps its traceback. `app.main.main` catches the errors listed here and prints `describe(error)`."""
 
 import inspect
 import pickle
@@ -62,8 +57,7 @@ def one_line(error: BaseException) -> str:
 
 
 def describe(error: BaseException, argv: list[str] = ()) -> str:
-    """One line that says what went wrong (with the command line `argv`) and what to do about it; where this
-    program turned an error of torch's or Lightning's into a `UserError`, how to see that error's traceback."""
+    """One line: what went wrong and what to do (and how to see the traceback of an error it came from)."""
     line = _describe(error, argv)
     if isinstance(error, UserError) and error.__cause__ is not None and TRACEBACK_VARIABLE not in line:
         line = f"{line} ({TRACEBACK_VARIABLE}=1 shows the error this came from)"
@@ -84,15 +78,8 @@ def _describe(error: BaseException, argv: list[str]) -> str:
 
 
 def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
-    """Tie an error that torch, Lightning or a model raised to the one option (of those the user set) it is about,
-    where the evidence is certain; else None, and the error keeps its traceback as the bug it may be.
-
-    `options` maps `--trainer.log_every_n_steps` style names to the values the user set. An option is the cause when
-    the error names its value (a zero, for a division by zero) and either names the option too (Lightning's
-    "`max_epochs` must be a non-negative integer or -1. You passed in -5.") or was raised by the very object that
-    takes it as an argument (torch's `Adam.__init__`: "Invalid learning rate: -1.0"; `StepLR.get_lr` dividing by its
-    `step_size` of 0). Exactly one option must qualify. Returns the one line to print, or None.
-    """
+    """The line that ties `error` to the one option of `options` (those the user set) it is about, where the evidence
+    is certain (docs/errors.md: its value, and its name or the object taking it); else None, the error a bug."""
     message = one_line(error) or type(error).__name__
     raiser = _raising_object(error)
     suspects = []
@@ -119,9 +106,7 @@ def _raising_object(error: BaseException) -> object | None:
 
 
 def _takes_argument(obj: object | None, name: str, value: Any) -> bool:
-    """Whether `obj`'s class takes an argument `name` when it is made (`Adam(lr=...)`, `Trainer(max_epochs=...)`),
-    and `value` is not its default there: a default the user never chose (`eta_min=0.0` of a scheduler named on the
-    command line) is no suspect."""
+    """Whether `obj`'s class takes an argument `name` (`Adam(lr=...)`), and `value` is not its default there."""
     if obj is None:
         return False
     try:
@@ -132,11 +117,8 @@ def _takes_argument(obj: object | None, name: str, value: Any) -> bool:
 
 
 def options_set(config, defaults) -> dict[str, Any]:
-    """The options whose parsed value differs from the parser's default, by their command-line names.
-
-    `config` and `defaults` are jsonargparse Namespaces of one subcommand; `model.init_args.optimizer.init_args.lr`
-    becomes `--model.optimizer.lr` and `model.class_path` becomes `--model`.
-    """
+    """The options whose parsed value differs from the parser's default, by their command-line names
+    (`--model.optimizer.lr`, `--model`)."""
     default_values = dict(defaults.items(branches=False))
     chosen = {}
     for key, value in config.items(branches=False):

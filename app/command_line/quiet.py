@@ -41,8 +41,7 @@ def silence_noise(subcommand: str | None) -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # torchdata's StatefulDataLoader calls a torch function that torch deprecated; nothing a user can change.
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-    # `test`, `validate` and `predict` save no checkpoint, so that this run's checkpoint folder differs from the
-    # one the checkpoint was saved in does not matter (Lightning warns once per process).
+    # An evaluation saves no checkpoint: that its checkpoint folder is another than the checkpoint's does not matter.
     if subcommand in ("validate", "test", "predict"):
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
@@ -63,23 +62,14 @@ for line in sys.stdin.buffer:
 
 
 def silence_a_continuation() -> None:
-    """A continued run writes into its own checkpoint folder, which holds its checkpoints by design: Lightning's
-    warning that the folder is not empty has nothing to say then (elsewhere it does)."""
+    """A continued run writes into its own checkpoint folder: Lightning's warning that it is not empty says nothing."""
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
 def silence_the_shutdown() -> None:
-    """Once the program has said everything, pass what Python's shutdown writes to standard error through a filter
-    that drops nanobind's leak reports and keeps everything else.
-
-    train.py freezes the objects its imports create (`gc.freeze`), so they are never freed, and libraries bound with
-    nanobind (triton's, which torch imports) report theirs as leaks after the interpreter has shut down: a wall of
-    "nanobind: leaked ..." lines under the program's last line, at every exit. Anything else written then (a C++
-    library's "terminate called ...", an abort's message) is what a user needs to see, and stays. Registered before
-    anything else registers an exit handler, the filter starts after every other one has run; the exit status stays
-    as it is. The filter is a second Python process, started without its site packages (milliseconds), that ends
-    when this process closes its end of the pipe, at exit.
-    """
+    """At exit, pass standard error through a filter (a second Python process) that drops nanobind's leak reports
+    of the objects train.py froze (`gc.freeze`) and keeps everything else. Registered first, it starts after every
+    other exit handler has run."""
 
     def filter_the_rest() -> None:
         sys.stdout.flush()

@@ -1,12 +1,5 @@
-"""Every node of a job runs with the same settings, checked when the processes meet.
-
-Each node of a cluster gets its own command line (an sbatch script edited on one node, a pod spec, a shell per
-host), and nothing in Lightning or torch compares them. Nodes that disagree drift apart in silence (another
-learning rate: each node steps its own optimizer on the averaged gradient) or hang until the process-group timeout
-(another number of epochs: one node waits in the test while the other trains), or fail in DDP's C++ (another
-model). Here the processes compare their settings once, right after they meet and before any of them writes a
-file: a digest each, and the settings themselves only when the digests differ.
-"""
+"""Every node of a job runs with the same settings, checked when the processes meet (docs/multinode.md): nodes that
+disagree would drift apart in silence, hang, or fail in DDP's C++."""
 
 import hashlib
 import json
@@ -17,9 +10,8 @@ import torch.distributed as dist
 from app.errors import UserError
 from app.run.continuation import differences, shown
 
-# Settings that may differ from node to node (docs/multinode.md): paths on a node's own disks, how a node loads its
-# data, what it displays, and what its launcher decides. `--config` files are compared by what they set, and
-# `--ckpt_path` by the step of the checkpoint it names (`STARTS_FROM`).
+# Settings that may differ from node to node (docs/multinode.md); `--config` files are compared by what they set,
+# and `--ckpt_path` by the step of its checkpoint (`STARTS_FROM`).
 PER_NODE = {
     "config": (),
     "ckpt_path": (),
@@ -36,10 +28,8 @@ SAID_AS = {f"--{COMMAND}": "the subcommand", f"--{STARTS_FROM}": "the checkpoint
 
 
 def same_settings_everywhere(settings: dict[str, Any], node_rank: int) -> None:
-    """Once the processes have met, and before any of them writes a file: raise the same `UserError` in every process
-    where their `settings` (the command's, with `COMMAND` and `STARTS_FROM` added) differ beyond `PER_NODE`, naming
-    each option that differs and its value on each node (or process). Two collectives where they differ, one where
-    they agree, reached by every process alike."""
+    """Raise the same `UserError` in every process where their `settings` differ beyond `PER_NODE`: one collective
+    where they agree, two where they differ, reached by every process alike."""
     mine = compared_settings(settings)
     digests: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(digests, (node_rank, _digest(mine)))
@@ -65,8 +55,7 @@ def compared_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def disagreement(settings_of: dict[int, dict[str, Any]], who: str = "node") -> str:
-    """One line naming each option whose value differs between the nodes (or processes: `who`), with its value on
-    each of them."""
+    """One line naming each option that differs between the nodes (or processes: `who`), with its value on each."""
     names = sorted(settings_of)
     first = settings_of[names[0]]
     values: dict[str, dict[int, Any]] = {}

@@ -1,12 +1,6 @@
-"""How a failing process tells the user: from one process of the job, a mistake in one line, a bug in a traceback
-short enough to read.
-
-Under DDP every rank usually meets the same error at the same moment. The first process of the job to fail speaks
-for it; the others wait until it has spoken (an event in the job's TCP store, not a pause) and end quietly, so the
-user reads one message, and a rank that failed alone is heard. The process that holds the store (global rank 0, but
-under torchrun) leaves last. `TRAIN_TRACEBACK=1` turns all of this off: every error of every process keeps its whole
-traceback.
-"""
+"""How a failing process tells the user: the job's first process to fail speaks, the others wait until it has (an
+event in the job's TCP store) and end quietly (docs/errors.md); a bug in a short traceback. `TRAIN_TRACEBACK=1`
+turns all of this off: every error of every process keeps its whole traceback."""
 
 import os
 import sys
@@ -77,16 +71,9 @@ def speak_once(store: dist.Store, text: str, wait_s: float = SPOKEN_WAIT_S) -> N
 
 
 def leave_the_store(store: dist.Store, wait_s: float = REPORTED_WAIT_S) -> None:
-    """Say in the store that this process has reported; in the process that holds the store, wait for the others'
-    word first, at most `wait_s` seconds.
-
-    Once the holder ends, a process still about to report can no longer learn that the first has spoken: it prints
-    its own error too, after torch's warning and a C++ stack trace about the lost store. So the holder closes the
-    process group, which on gloo ends the collectives the others may be waiting in with it (they fail and report
-    now; on NCCL they wait on: the processes of this node end with this one, `app/job/children.py`, those of other
-    nodes are not reached from here), keeps the store itself open, and ends once each of the others has reported,
-    or after `wait_s` seconds for one that never will (killed, frozen, waiting on NCCL).
-    """
+    """Say in the store that this process has reported. The store's holder closes the process group (on gloo that
+    frees the others from their collectives) and keeps the store open until the others have reported, at most
+    `wait_s` seconds: a process still about to report would otherwise not learn that the first has spoken."""
     if under_torchrun():  # torchrun's agent holds the store, and outlives this process
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -106,8 +93,8 @@ def leave_the_store(store: dist.Store, wait_s: float = REPORTED_WAIT_S) -> None:
 
 
 def _job_store() -> dist.Store | None:
-    """The job's TCP store, where its processes meet (None before they have, or in a job of one process), under a
-    prefix of this attempt's: each restart of a torchrun job speaks once more."""
+    """The job's TCP store (None before the processes have met, or for one process), under a prefix per torchrun
+    restart: each restart speaks once more."""
     met = have_met() and dist.get_world_size() > 1
     if not (met or under_torchrun()) or "MASTER_ADDR" not in os.environ:
         return None
@@ -119,8 +106,7 @@ def _job_store() -> dist.Store | None:
 
 
 def short_traceback(error: BaseException) -> str:
-    """Python's traceback of `error` and its causes, where each run of frames in Python or an installed library
-    (Lightning's loops, torch's modules) becomes one line naming them; the frame that raised always stays."""
+    """Python's traceback of `error` and its causes, each run of library frames one line; the raising frame stays."""
     chain, links = [traceback.TracebackException.from_exception(error)], []
     while chain[-1].__cause__ or (chain[-1].__context__ and not chain[-1].__suppress_context__):
         cause = chain[-1].__cause__

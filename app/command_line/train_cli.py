@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.plugins.environments import ClusterEnvironment
@@ -70,6 +70,7 @@ from app.say import say
 from datamodules import MNISTDataModule
 from models import ImageClassifier, model_names
 
+PROGRESS_BAR_EVERY_N_STEPS = 10  # at tens or hundreds of steps a second, as often as a terminal shows it
 STOPS = (KeyboardInterrupt, SIGTERMException)  # Ctrl-C, and a stop every rank agreed on (app/job/fault_guard.py)
 
 DESCRIPTION = """\
@@ -131,23 +132,21 @@ class TrainCLI(LightningCLI):
         )
 
     def subcommands(self) -> dict[str, set[str]]:
-        """The subcommand this run asks for, alone: LightningCLI builds a parser for each subcommand it lists, in every
-        process (0.37 s for all four under cProfile). All of them when none is named (`train.py --help`)."""
+        """Only the subcommand asked for (all when none is named): LightningCLI builds a parser for each, in every
+        process (0.37 s for all four)."""
         every = LightningCLI.subcommands()
         return {self.chosen_subcommand: every[self.chosen_subcommand]} if self.chosen_subcommand else every
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"model": "models.SeqNet"})
-        # Two checkpoint callbacks: the best by val/acc, and last.ckpt written after every epoch. One callback with
-        # save_last=True would not do: since Lightning 2.6 it rewrites last.ckpt only when a new best is saved.
+        # The best by val/acc, and last.ckpt after every epoch (since Lightning 2.6, save_last=True rewrites last.ckpt
+        # only when a new best is saved).
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max"})
         parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
         parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
-        # A third: last.ckpt also every `--timed_checkpoint.train_time_interval` (H:MM:SS) of training, in the middle
-        # of an epoch too, so that a SIGKILL or a power cut loses at most that much. Off by default: with it,
-        # Lightning broadcasts rank 0's decision to save before every step (`--fault_guard.checkpoint_every_s` does
-        # the same at the fault guard's checks, without).
+        # last.ckpt every `--timed_checkpoint.train_time_interval` too; off by default: Lightning would broadcast rank
+        # 0's decision before every step (`--fault_guard.checkpoint_every_s` saves at the fault guard's checks).
         parser.add_lightning_class_args(ModelCheckpoint, "timed_checkpoint")
         parser.set_defaults(
             {
@@ -162,8 +161,7 @@ class TrainCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
-        """Parse, and check the values that Lightning takes unchecked (or checks late) where they enter. An unknown
-        option is met with the one it most likely meant (`--lr`: `--model.optimizer.lr`)."""
+        """Parse, and check the values Lightning takes unchecked; an unknown option is met with a guess."""
         try:
             self._parse_with_the_starts_settings(parser, args)
         except ArgumentError as error:
@@ -176,20 +174,15 @@ class TrainCLI(LightningCLI):
             check_seed(self._setting("seed_everything"))
 
     def _parse_with_the_starts_settings(self, parser: LightningArgumentParser, args: list[str]) -> None:
-        """Parse; with `--ckpt_path` the run or checkpoint it names brings its settings as defaults.
-
-        Continuing a run (`--ckpt_path last`, or a run's folder) takes the run's newest record of its settings;
-        `--ckpt_path FILE` takes the checkpoint's model and data settings (LightningCLI's own `_parse_ckpt_path`
-        would put them over the command line instead, so that a new learning rate would be silently dropped). Every
-        config file and option the user gives wins over them; what they change is said when the run starts.
-        """
+        """Parse; the run or checkpoint `--ckpt_path` names brings its settings as defaults, below every config file
+        and option (LightningCLI's `_parse_ckpt_path` would put them above, dropping a new learning rate)."""
         self._load_checkpoints_as_data_only()
         printing = [arg for arg in args if arg.startswith("--print_config")]
-        mistake = None  # in the command line as it stands, before a checkpoint's settings are the defaults
+        mistake = None  # before a checkpoint's settings are the defaults
         try:
             super().parse_arguments(parser, [arg for arg in args if arg not in printing])
-        except ArgumentError as error:  # `--model.width 16` for a checkpoint of a TinyNet, not named: its settings
-            mistake = error  # may take it
+        except ArgumentError as error:  # `--model.width 16` for a TinyNet's checkpoint: its settings may take it
+            mistake = error
             self.start = self._start_from_a_file_named_in(args)
             if self.start is None:
                 raise
@@ -216,16 +209,14 @@ class TrainCLI(LightningCLI):
             config.trainer.callbacks = [
                 c for i, c in enumerate(config.trainer.callbacks) if c not in config.trainer.callbacks[:i]
             ]
-        dumped = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[subcommand]
-        self.start.changes = changes_between(self.start.settings, dumped)
+        self.start.changes = changes_between(self.start.settings, self._dumped(subcommand))
         refuse_another_class(self.start)
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)
 
     def _option_names(self) -> list[str]:
-        """The options of the subcommand asked for, as a user types them (`--model.optimizer.lr`), with the arguments
-        of the default model and optimizer (another class's are not known before it is parsed): what a guess is
-        chosen among."""
+        """The options of the subcommand asked for, as typed (`--model.optimizer.lr`; the default classes' arguments):
+        what a guess is chosen among."""
         parser = self._subcommand_parsers.get(self.chosen_subcommand or "fit")
         if parser is None:
             return []
@@ -235,8 +226,8 @@ class TrainCLI(LightningCLI):
 
     def _find_start(self, subcommand: str) -> Start | None:
         config = self.config[subcommand]
-        root = Path(config.trainer.default_root_dir or ".")
-        return find_start(config.get("ckpt_path"), subcommand, self._runs_of_model(config), root)
+        runs_of_model = self._runs_of_model(config)
+        return find_start(config.get("ckpt_path"), subcommand, runs_of_model, runs_of_model.parent)
 
     def _runs_of_model(self, config=None) -> Path:
         """`<root>/<Model>-<dataset>`: where the runs of this model on this dataset are."""
@@ -255,9 +246,13 @@ class TrainCLI(LightningCLI):
         return None
 
     def _setting(self, key: str, config=None):
-        """The value of an option of the subcommand run, `trainer.accelerator` say (of `config`, or the parsed one)."""
+        """The value of an option of the subcommand run (`trainer.accelerator`), in `config` or the parsed one."""
         config = self.config if config is None else config
         return config[config["subcommand"]][key]
+
+    def _dumped(self, subcommand: str) -> dict:
+        """The parsed settings of `subcommand` as plain values."""
+        return yaml.safe_load(self.parser.dump(self.config, skip_none=False))[subcommand]
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: the checkpoint's settings are defaults here (`parse_arguments`), below the command line."""
@@ -267,16 +262,14 @@ class TrainCLI(LightningCLI):
             super().instantiate_classes()
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Around the Trainer's method the subcommand calls (`trainer.fit(...)`): a late value error named by its
-        option, and what a failed start wrote taken back. LightningCLI has no public hook around that call
-        (`before_<subcommand>` and `after_<subcommand>` only)."""
+        """Around `trainer.fit(...)` and the like (no public hook there): a late value error named by its option, and
+        what a failed start wrote taken back."""
         trainer = self.trainer
         try:
             with self._errors_named_by_option():
                 super()._run_subcommand(subcommand)
         except BaseException as error:
-            # A run or continuation that failed or was stopped before its first step, or an evaluation cut short
-            # (its figures come at its end): what it wrote is taken back
+            # A run stopped before its first step, or an evaluation cut short: what it wrote is taken back
             if self.run is not None and (not self.run.started or subcommand != "fit") and trainer.global_rank == 0:
                 self.run.undo()
             if subcommand != "fit" and isinstance(error, STOPS):
@@ -285,17 +278,15 @@ class TrainCLI(LightningCLI):
 
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:
-        """A value the parser accepted but torch, Lightning or the model rejected later (`--model.optimizer.lr -1`,
-        `--model.lr_scheduler.step_size 0`): one line that names the option, instead of a traceback from every rank,
-        where the evidence is certain (`app.command_line.errors.blame_option`). Any other error is raised as it is."""
+        """A value the parser accepted but torch or Lightning rejected later (`--model.optimizer.lr -1`): one line
+        naming the option where the evidence is certain (`blame_option`); any other error is raised as it is."""
         try:
             yield
         except VALUE_ERRORS as error:
             if isinstance(error, OWN_ERRORS):
                 raise
             subcommand = self.config.subcommand
-            # The subcommand's parser (LightningCLI keeps them in `_subcommand_parsers`, with no public accessor): its
-            # defaults tell the options the user set from the ones left as they were.
+            # The subcommand parser's defaults tell the options the user set (no public accessor)
             config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
             if isinstance(error, RuntimeError) and "loading state_dict" in str(error):  # a checkpoint not read before
                 raise UserError(
@@ -308,22 +299,16 @@ class TrainCLI(LightningCLI):
             raise UserError(line) from error
 
     def _load_checkpoints_as_data_only(self) -> None:
-        """Default `--weights_only true`: loading a checkpoint cannot run code.
-
-        Lightning's default (None) leaves files to torch, which loads them weights-only since torch 2.6, but
-        unpickles anything from a URL. This program's checkpoints hold tensors and plain settings only, so they load
-        either way; one that needs `--weights_only false` should come from a source one trusts.
-        """
+        """Default `--weights_only true`, so that loading a checkpoint cannot run code (Lightning's None unpickles
+        anything from a URL)."""
         for subparser in self._subcommand_parsers.values():  # fit, validate, test and predict all take it
             subparser.set_defaults({"weights_only": True})
 
     def instantiate_trainer(self, **kwargs):
-        """Give the Trainer this project's TensorBoard logger in the folder this command writes into
-        (`_folder_to_write`), the checkpoint `--ckpt_path` stands for, and checkpoint files written atomically
-        (unless --trainer.plugins gives a CheckpointIO of its own)."""
+        """The Trainer, with this project's logger in the command's folder, the checkpoint `--ckpt_path` stands for,
+        and atomic checkpoint files (unless --trainer.plugins gives a CheckpointIO)."""
         trainer_config = self._setting("trainer", self.config_init)
-        plugins = trainer_config["plugins"]
-        plugins = [] if plugins is None else plugins if isinstance(plugins, list) else [plugins]
+        plugins = _plugins(trainer_config)
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO(self.continue_command)]
         if trainer_config["logger"] in (None, True, False):  # not a logger of the user's, which has its own folder
@@ -365,9 +350,7 @@ class TrainCLI(LightningCLI):
         return trainer
 
     def continue_command(self) -> str:
-        """How to continue this run, as the user can type it where they ran this one: the run's folder brings its
-        model, data and settings; the processes are this command's. Under a launcher, whose own command starts the
-        processes, what to give train.py there."""
+        """How to continue this run, as the user types it here (under a launcher: what to give train.py there)."""
         if self.run is not None and self.run.path is not None:  # global rank 0, which claimed it
             where = self.run.path
         else:  # another rank: Lightning gave it rank 0's folders, `<run>/checkpoints/last.ckpt`
@@ -385,9 +368,8 @@ class TrainCLI(LightningCLI):
         return f"{train_py()}{subcommand} --ckpt_path {where}{shape}"
 
     def _settings_every_node_shares(self) -> dict:
-        """What the nodes of a job must agree on (`same_settings_everywhere`): the settings the command runs with,
-        what it runs, and the step of the checkpoint it starts from (its path may differ from node to node)."""
-        settings = yaml.safe_load(self.parser.dump(self.config, skip_none=False))[self.subcommand]
+        """What the nodes of a job must agree on: the settings, the subcommand, and the checkpoint's step."""
+        settings = self._dumped(self.subcommand)
         settings[COMMAND] = "fit then test (none named)" if self.test_after_fit else self.subcommand
         if self.start is not None:
             settings[STARTS_FROM] = f"step {self.start.contents.get('global_step', 0)}"
@@ -398,10 +380,8 @@ class TrainCLI(LightningCLI):
         return settings
 
     def _folder_to_write(self, root: Path) -> RunFolder:
-        """Where this command writes: a run continued, its own folder; a new run, the next `version_N` of
-        `<root>/<Model>-<dataset>`; `test`, `validate` and `predict`, the next `version_N` of `<run>/<stage>`, beside
-        the run whose checkpoint they evaluate (where a user looks), or of `<root>/<Model>-<dataset>/<stage>` for a
-        checkpoint outside a run, or when --trainer.default_root_dir names another folder than the one it lies in."""
+        """Where this command writes (docs/run-folder.md): a continued run's folder, the next `version_N` of
+        `<root>/<Model>-<dataset>`, or for an evaluation of `<run>/<stage>` (or `<root>/<Model>-<dataset>/<stage>`)."""
         if self.subcommand == "fit" and self.start is not None and self.start.run is not None:
             return RunFolder(self.start.run.parent, path=self.start.run)
         runs_of_model = self._runs_of_model()
@@ -417,21 +397,28 @@ class TrainCLI(LightningCLI):
         return RunFolder(base / self.subcommand)
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
-        """`--trainer.enable_checkpointing false` turns off the checkpoint callbacks this program adds, as it turns
-        off Lightning's own (Lightning refuses a ModelCheckpoint beside it)."""
+        """The callbacks of this command. Lightning calls every callback at every hook of every step, so those with
+        nothing to do are left out (benchmarks/host_step.py): the timed checkpoint unless given an interval, the
+        prediction writer outside `predict`, and every checkpoint callback with `--trainer.enable_checkpointing
+        false`. The progress bar refreshes every `PROGRESS_BAR_EVERY_N_STEPS` steps, where Lightning's refreshes at
+        every step; a progress bar of the user's (`--trainer.callbacks+=TQDMProgressBar`) replaces it."""
+        chosen = self.config_init[self.subcommand]
+        timed = self._setting("timed_checkpoint.train_time_interval") is not None  # 0:00:00 too: after every step
+        idle = [] if timed else [chosen["timed_checkpoint"]]
+        idle += [] if self.subcommand == "predict" else [chosen["predictions"]]
         if config.get("enable_checkpointing") is False:
-            callbacks = [callback for callback in callbacks if not isinstance(callback, ModelCheckpoint)]
+            idle += [callback for callback in callbacks if isinstance(callback, ModelCheckpoint)]
+        callbacks = [callback for callback in callbacks if all(callback is not other for other in idle)]
+        users = config.get("callbacks") or []
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in users):
+            callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_BAR_EVERY_N_STEPS))
         self._take_the_launchers_shape(config, callbacks)
         return super()._instantiate_trainer(config, callbacks)
 
     def _take_the_launchers_shape(self, config: dict, callbacks: list) -> None:
-        """Under torchrun, SLURM or a PyTorchJob, `--devices` and `--num_nodes` left out are what the launcher
-        started; given and different, a one-line error, except under an elastic torchrun job, whose size changes:
-        there the launcher wins (`app/job/launcher_shape.py`). In a job the launcher restarts, last.ckpt is saved
-        every minute unless `--fault_guard.checkpoint_every_s` says otherwise (decided here, not in the parser:
-        a run's record keeps what the user chose, whatever launcher continues it)."""
-        plugins = config.get("plugins")
-        plugins = plugins if isinstance(plugins, list) else [plugins]
+        """Under a launcher, `--devices` and `--num_nodes` follow what it started (`launcher_shape.py`), and the fault
+        guard's save interval its restarts (here, not in the parser: the run's record keeps what the user chose)."""
+        plugins = _plugins(config)
         self.shape = launcher_shape(next((p for p in plugins if isinstance(p, ClusterEnvironment)), None))
         if self.shape is None:
             return
@@ -450,9 +437,7 @@ class TrainCLI(LightningCLI):
         return folders
 
     def _check_before_launch(self, *stages: str) -> None:
-        """What can be wrong is found here, by one process, before the others start (`checks.py`), and before
-        anything is written: a refused command leaves every folder as it was. Then global rank 0 takes the run it
-        continues."""
+        """Find what is wrong before the other processes start and before anything is written (`checks.py`)."""
         check_launcher(self.trainer)
         self._refuse_untrained_weights()
         continuing = self._continuing()
@@ -478,8 +463,7 @@ class TrainCLI(LightningCLI):
             Meeting.install(self.trainer, lambda: same_settings_everywhere(settings, node_rank))
 
     def _refuse_untrained_weights(self) -> None:
-        """`test`, `validate` and `predict` evaluate the weights `--ckpt_path` names; without it they would evaluate a
-        model that was never trained, and print and log its figures as if they meant something."""
+        """An evaluation without `--ckpt_path` would evaluate an untrained model: refused."""
         if self.subcommand == "fit" or self._setting("ckpt_path"):
             return
         needs = f"{self.subcommand} needs trained weights: without --ckpt_path it would evaluate an untrained model."
@@ -520,8 +504,7 @@ class TrainCLI(LightningCLI):
         self._say_the_job_changed_size(data_state["world_size"])
 
     def _say_the_job_changed_size(self, world_size_before: int) -> None:
-        """When the launcher restarted this very job on another number of nodes (an elastic torchrun job that lost a
-        node, or gained one: the checkpoint names the job, `FaultGuard.state_dict`), say so."""
+        """Say so when the launcher restarted this very job on another number of nodes (`FaultGuard.state_dict`)."""
         shape, saved = self.shape, self.start.contents.get("callbacks", {}).get(FaultGuard.__qualname__, {})
         if shape is None or saved.get("torchrun_run_id") != os.environ.get("TORCHELASTIC_RUN_ID"):
             return
@@ -548,8 +531,7 @@ class TrainCLI(LightningCLI):
             rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}.")
 
     def processes_started_here(self) -> list[subprocess.Popen]:
-        """The processes of this node that Lightning's launcher started from this one (none in a process it started,
-        nor under torchrun or SLURM): `launcher.procs`, where it keeps them, as it does to pass signals on to them."""
+        """The processes of this node that Lightning's launcher started from this one (`launcher.procs`)."""
         return list(getattr(self.trainer.strategy.launcher, "procs", []))
 
     def _prediction_writer(self) -> PredictionWriter:
@@ -568,11 +550,10 @@ class TrainCLI(LightningCLI):
                 " processes, which share those cores."
             )
 
-    def before_validate(self) -> None:
-        self._check_before_launch("validate")
+    def before_evaluation(self) -> None:
+        self._check_before_launch(self.subcommand)
 
-    def before_test(self) -> None:
-        self._check_before_launch("test")
+    before_validate = before_test = before_evaluation
 
     def before_predict(self) -> None:
         self._prediction_writer().run = self.run
@@ -601,11 +582,10 @@ class TrainCLI(LightningCLI):
     def after_predict(self) -> None:
         rank_zero_info(f"Predictions: {self._prediction_writer().written}")
 
-    def after_validate(self) -> None:
+    def after_evaluation(self) -> None:
         self._print_summary(self.trainer.callback_metrics)
 
-    def after_test(self) -> None:
-        self._print_summary(self.trainer.callback_metrics)
+    after_validate = after_test = after_evaluation
 
     def _print_summary(self, metrics: dict, best_checkpoint: str = "") -> None:
         """Rank 0 closes the command with its figures, its dashboard, and last, the folder it wrote into."""
@@ -621,3 +601,9 @@ class TrainCLI(LightningCLI):
         elif self.trainer.loggers:  # a logger of the user's: where it writes (a broadcast from rank 0: on every rank)
             lines.append(f"Logs: {self.trainer.log_dir}")
         rank_zero_info("\n".join(lines))
+
+
+def _plugins(trainer_config) -> list:
+    """`--trainer.plugins` as a list."""
+    plugins = trainer_config.get("plugins")
+    return [] if plugins is None else plugins if isinstance(plugins, list) else [plugins]

@@ -7,10 +7,7 @@ class Trainer(LightningTrainer):
     """Lightning's Trainer, whose `limit_*_batches` and `overfit_batches` take a whole number as a number of batches
     from the command line and config files too, as `Trainer(limit_val_batches=1)` does in Python.
 
-    Lightning annotates them `float | int`, and jsonargparse gives a value the first type it fits: `--trainer
-    .limit_val_batches 1` became 1.0, all the batches, and a smoke run was silently a full one. Declared `int | float`
-    here, `1` is one batch and `1.0` or `0.5` fractions, as in Python. Everything else is Lightning's.
-    """
+    (Annotated `float | int` by Lightning, `--trainer.limit_val_batches 1` became 1.0: all the batches.)"""
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.errors import UserError
 from app.job.heartbeats import Heartbeats
-from app.job.process_group import store_client
+from app.job.process_group import have_met, store_client
 from app.say import say
 
 
@@ -94,14 +94,8 @@ class FaultGuard(Callback):
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
         """Once per process, at its first stage: they go on through every stage of the command (a fit and the test
-        after it), so that a process in one stage and another still in the previous one are seen, and end with the
-        command's last stage, or with a stage that failed."""
-        if (
-            self.heartbeats
-            or trainer.world_size == 1
-            or not self.stall_timeout
-            or not torch.distributed.is_initialized()
-        ):
+        after it), and end with its last stage, or with a stage that failed."""
+        if self.heartbeats or trainer.world_size == 1 or not self.stall_timeout or not have_met():
             return
         # The same names on every rank: each restart of a torchrun job has its own keys.
         namespace = f"fault_guard/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -112,14 +106,13 @@ class FaultGuard(Callback):
         self.heartbeats.start()
 
     def _where(self) -> list:
-        """Where this process stands: the command's stage, the loop it runs, the epoch, the step and the batches it
-        has done (read by the heartbeat thread)."""
+        """Where this process stands, read by the heartbeat thread: stage, loop, epoch, step, batches done."""
         state = self._trainer.state
         fn, stage = (getattr(value, "value", value) for value in (state.fn, state.stage))
         return [fn, stage, self._trainer.current_epoch, self._trainer.global_step, self.batches]
 
     def _before_stall_exit(self) -> str:
-        """Runs in the heartbeat thread before the process ends: write out what the loggers hold."""
+        """Runs in the heartbeat thread before the process ends."""
         _write_out_loggers(self._trainer)
         return self._what_is_kept("holds the last saved step")
 
@@ -168,18 +161,13 @@ class FaultGuard(Callback):
         self.saved_at = time.monotonic()
 
     def state_dict(self) -> dict:
-        """Which job saved the checkpoint, and on how many nodes: a torchrun job restarted on another number of nodes
-        says so when it continues (`TrainCLI._say_the_job_changed_size`), another job does not."""
+        """Which job saved the checkpoint, on how many nodes: for `TrainCLI._say_the_job_changed_size`."""
         return {"torchrun_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "num_nodes": self._trainer.num_nodes}
 
     def on_validation_batch_end(self, *args, **kwargs) -> None:
         self.batches += 1
 
-    def on_test_batch_end(self, *args, **kwargs) -> None:
-        self.batches += 1
-
-    def on_predict_batch_end(self, *args, **kwargs) -> None:
-        self.batches += 1
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Check after every `every_n_steps`-th optimizer step: with `--trainer.accumulate_grad_batches N` a stop
@@ -228,12 +216,9 @@ class FaultGuard(Callback):
         raise StoppedBySignal(stop_signal)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        """A stage failed: this process says so itself, so the others stop watching its heartbeat (Lightning calls
-        this hook, not `teardown`, after a failure; a process that outlives its failure must not be named frozen).
-
-        Ctrl-C where no handler of this guard is in place (in a test, validate or predict command; in the test after
-        training): stop as a shell expects, with status 130 (`app/main.py`),
-        where Lightning would end the processes its launcher started with SIGKILL and exit with status 1."""
+        """A stage failed (Lightning calls this, not `teardown`): the others stop watching this process. Ctrl-C where no
+        handler of this guard is in place stops as a shell expects (130, `app/main.py`), where Lightning would kill
+        the processes its launcher started and exit with status 1."""
         self._put_back(trainer)
         self.stop_heartbeats()
         if isinstance(exception, KeyboardInterrupt):
@@ -252,14 +237,12 @@ class FaultGuard(Callback):
         return "no checkpoint had been written, so there is nothing to continue from"
 
     def stop_heartbeats(self) -> None:
-        """This process's work has ended (or failed): the others stop watching it."""
         if self.heartbeats is not None:
             self.heartbeats.stop()
             self.heartbeats = None
 
     def _put_back(self, trainer: Trainer) -> None:
-        """Lightning's handlers and per-step check, and the signal handlers from before `setup`: after a stage, and
-        after one that failed (Lightning then calls `on_exception`, not `teardown`)."""
+        """Lightning's handlers and per-step check, and the signal handlers from before `setup`, after a stage."""
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
         vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
@@ -270,7 +253,6 @@ class FaultGuard(Callback):
 
 
 def _write_out_loggers(trainer: Trainer) -> None:
-    """Before the process ends: each logger writes out what it holds."""
     for logger in trainer.loggers:
         try:
             logger.finalize("failed")

@@ -70,13 +70,13 @@ class Heartbeats:
         self.store.set(f"who/{self.rank}", json.dumps(me))
         self.store.add(f"beat/{self.rank}", 1)
         self.last_answer = time.monotonic()
-        threading.Thread(target=self._reporting_errors, args=(self._count,), name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._reporting_errors, name="heartbeat", daemon=True).start()
         watch(self._look_at_the_store, self.stopped)
 
-    def _reporting_errors(self, target: Callable[[], None]) -> None:
-        """Run `target`; an error of its own is said with its cause, and the others stop watching this process."""
+    def _reporting_errors(self) -> None:
+        """Count; an error of its own is said with its cause, and the others stop watching this process."""
         try:
-            target()
+            self._count()
         except Exception:
             if self.stopped.is_set():
                 return
@@ -113,7 +113,7 @@ class Heartbeats:
                 if everyone_came and not self.who:  # kept at once: a store that stops answering next is named by it
                     self.who = [json.loads(value) for value in self.store.multi_get(who_keys)]
                 at = self.store.multi_get(at_keys) if everyone_came and self.store.check(at_keys) else None
-            except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_watch_store` names it once `limit_s` is over
+            except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_look_at_the_store` names it after `limit_s`
                 self.stopped.wait(self.interval_s)
                 continue
             except Exception:  # the store is gone (connection closed): its process ended, so does the job
@@ -148,14 +148,12 @@ class Heartbeats:
             self._end_for_silence(store_holders, what=what)
 
     def _end_for_silence(self, silent: list[int], silent_s: int = 0, what: str = "") -> None:
-        """Name the processes that stopped answering, kill those that live here, and end this one."""
         named = ", ".join(self._describe(rank) for rank in silent)
         what = what or f"has given no sign of life for {silent_s} s"
         line = f"Global rank {named} {what}: frozen, or its host hung or lost the network."
         self._end(line, "a process of the job stopped answering", speaker_not_in=silent, kill=silent)
 
     def _end_for_deadlock(self, places: list, still_s: int) -> None:
-        """Name where each process waits, and end this one: each of them ends itself likewise."""
         where = "; ".join(
             f"global rank {self._describe(rank)} is in {_place(place)}" for rank, place in enumerate(places) if place
         )

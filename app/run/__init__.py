@@ -1,2 +1,1 @@
-"""A run: the folder it owns, its checkpoints, its TensorBoard logs and dashboard, its predictions and exports, and how
-it continues from a checkpoint (which run, with which settings, on which plan)."""
+"""A run: its folder, checkpoints, logs, dashboard, predictions and exports, and how it continues."""

@@ -20,11 +20,8 @@ LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
 
 
 def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, Any]:
-    """The contents of a checkpoint written by train.py, loaded as data only (loading cannot run code).
-
-    Raises `UserError` when `path` is missing, a folder, empty, truncated or corrupt, something other than a
-    checkpoint (a text file, an image, a tensor saved with torch.save), or a file that would run code when loaded.
-    """
+    """The contents of a checkpoint written by train.py, loaded as data only (loading cannot run code); a
+    `UserError` for anything else (missing, empty, truncated, not a checkpoint, code that would run)."""
     path = Path(path)
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.ckpt"))
@@ -53,10 +50,8 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
 
 
 def saved_model_class(checkpoint: dict[str, Any]) -> type | None:
-    """The model class a checkpoint of LightningCLI names (`hyper_parameters._class_path`, `models.SeqNet`), where it
-    is a LightningModule of a module imported already; else None. Nothing is imported: a checkpoint cannot choose
-    code to run. (Lightning's own `ImageClassifier.load_from_checkpoint` drops `_class_path` and would build the
-    base class: the subclass has to load it.)"""
+    """The LightningModule class a checkpoint names (`hyper_parameters._class_path`) in a module imported already,
+    else None: a checkpoint cannot choose code to run. (`ImageClassifier.load_from_checkpoint` would build the base.)"""
     module_name, _, class_name = checkpoint.get("hyper_parameters", {}).get("_class_path", "").rpartition(".")
     found = getattr(sys.modules.get(module_name), class_name, None)
     return found if isinstance(found, type) and issubclass(found, LightningModule) else None
@@ -92,19 +87,8 @@ PARTIAL = ".partial"  # `.last.ckpt.partial`: a save in progress, hidden beside 
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write a local checkpoint beside its target, then rename it into place.
-
-    Lightning's own writer goes through an fsspec transaction whose temporary file lies in the system's temporary
-    folder; when that is another file system than the checkpoints (a tmpfs /tmp, say), the final move is a copy
-    into the target, and a process killed during it leaves a truncated `last.ckpt`. A rename within one folder is
-    atomic. The file is flushed to the disk (fsync) before the rename and its folder after it, so that a power cut
-    leaves the old checkpoint or the new one, never an empty `last.ckpt`: without the first fsync a file system may
-    commit the rename before the data. Remote paths (s3://, ...) keep Lightning's writer.
-
-    A full disk (or quota) ends the run in one line that names the folder; the partial file is removed, and the
-    previous checkpoint stays as it was. A partial file that a killed process left is removed when a run continues
-    from that folder (`remove_partial_files`).
-    """
+    """Write a local checkpoint whole (`write_whole`): a kill or a power cut leaves the old one or the new one
+    (docs/run-folder.md). A full disk ends the run in one line. Remote paths (s3://, ...) keep Lightning's writer."""
 
     def __init__(self, continue_command: Callable[[], str] = lambda: "--ckpt_path last") -> None:
         super().__init__()
@@ -134,9 +118,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def write_whole(target: Path, write: Callable[[IO], object], mode: str = "wb") -> None:
-    """Write `target` whole or not at all: `write` fills a hidden file beside it, which is flushed to the disk
-    (fsync) before it takes the name, and the folder after, so that its new entry is on the disk too. The hidden
-    file is removed if anything fails on the way (a process killed meanwhile leaves it: `remove_partial_files`)."""
+    """Write `target` whole or not at all: a hidden file beside it, flushed to the disk before it takes the name
+    (else a file system may commit the rename first), then the folder."""
     partial = target.with_name(f".{target.name}{PARTIAL}")
     try:
         with open(partial, mode) as file:
@@ -156,8 +139,7 @@ def remove_partial_files(folder: Path) -> None:
 
 
 def _disk_full(error: BaseException | None) -> str | None:
-    """ "no space left" or "disk quota exceeded" when `error` or what caused it says so; torch's writer reports a
-    failed write as a RuntimeError of its own, with the OSError as its context."""
+    """ "no space left" or "disk quota exceeded" when `error` or its cause says so (torch wraps the OSError)."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in FULL:
             return FULL[error.errno]

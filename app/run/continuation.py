@@ -1,12 +1,6 @@
 """What `--ckpt_path` starts from: a run to continue (`last`, or a run's folder) or a checkpoint file, the settings
-that come with it as defaults, and what the command line changes on top of them.
-
-Continuing a run continues that run: its newest record of settings (`config.yaml`, or the latest
-`config-continued-K.yaml`) is the default of every option, as a checkpoint's own model and data settings are with
-`--ckpt_path FILE` (which starts a new run from those weights). What the command changes is said in one line. How it
-trains may change (optimizer, learning rate, schedule, epochs: `replan.py` carries the run over to the new plan); what
-the network is may not: a continued run keeps the model it was built with.
-"""
+that come with it as defaults, and what the command line changes on top of them (docs/run-folder.md). How a run
+trains may change (`replan.py`); what the network is may not."""
 
 import json
 from dataclasses import dataclass, field
@@ -29,11 +23,9 @@ from app.run.folder import (
 )
 
 NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where to start, not how to train
-# Where a run is and on how many processes it runs: the command's (or its launcher's) now, not the run's. A run
-# continues on whatever processes it is given, with its global batch kept (`MNISTDataModule.batch_size_to_continue`).
+# Where a run is and on how many processes it runs: the command's now (the global batch is kept).
 WHERE = {"--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes"}
-# The data a run trains and validates on: the dataset and its train/validation split. A continued run keeps them, so
-# that its curves compare like with like and an interrupted epoch gives each of its samples once.
+# The data a run trains and validates on, which a continued run keeps (an interrupted epoch gives each sample once).
 DATA_OF_THE_RUN = {"--data.dataset", "--data.val_size", "--data.val_split_seed"}
 LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
 
@@ -78,9 +70,8 @@ class Start:
 
 
 def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root: Path) -> Start | None:
-    """The run or checkpoint `--ckpt_path` names, read and checked; None where Lightning resolves the name itself
-    (`best`, `hpc`, URLs, registries), for no checkpoint, and for `fit --ckpt_path last` with nothing to continue
-    (a job restarted by its launcher can carry `--ckpt_path last` from its first start)."""
+    """The run or checkpoint `--ckpt_path` names, read and checked; None where Lightning resolves the name, for no
+    checkpoint, and for `fit --ckpt_path last` with nothing to continue."""
     if not ckpt_path or resolved_by_lightning(ckpt_path):
         return None
     if ckpt_path == "last":
@@ -108,8 +99,8 @@ def resolved_by_lightning(ckpt_path: str) -> bool:
 
 
 def _run_to_continue(runs_of_model: Path, root: Path) -> Path | None:
-    """The newest run that holds a last checkpoint; under SLURM, the newest run at all when the checkpoint that
-    Lightning's SLURM plugin writes on pre-emption (`hpc_ckpt_N.ckpt`, in `--trainer.default_root_dir`) is there."""
+    """The newest run that holds a last checkpoint; under SLURM, the newest run at all when Lightning's pre-emption
+    checkpoint (`hpc_ckpt_N.ckpt`, in the root) is there."""
     run = newest_run_with_a_checkpoint(runs_of_model)
     if run is None and _slurm_checkpoint(root) is not None and versions(runs_of_model):
         run = runs_of_model / f"version_{max(versions(runs_of_model))}"
@@ -152,16 +143,14 @@ def _settings_of_checkpoint(contents: dict) -> dict:
 
 
 def changes_between(before: dict, after: dict) -> list[Change]:
-    """The options whose value differs, by their command-line names; a changed class is one change (its arguments
-    are not listed), and a class's arguments are compared only when the class stays."""
+    """The options whose value differs, by their command-line names; a changed class is one change."""
     before = {key: value for key, value in before.items() if key not in NOT_COMPARED}
     after = {key: value for key, value in after.items() if key not in NOT_COMPARED and key in before}
     return [change for change in differences(before, after, "-") if change.option not in WHERE]
 
 
 def differences(before: Any, after: Any, option: str = "-") -> list[Change]:
-    """Every option whose value differs between two sets of settings, by its command-line name (`option`: the
-    prefix; "-" at the top)."""
+    """Every option whose value differs, by its command-line name (`option`: the prefix; "-" at the top)."""
     if before == after:
         return []
     if _is_class(before) or _is_class(after):  # a class and its arguments, or null
@@ -210,8 +199,7 @@ def refuse_another_class(start: Start) -> None:
 
 
 def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> None:
-    """A continued run keeps the network it was built with and its dataset: any other change of the model's
-    settings (all but `training_settings`, how it trains) ends in one line that names them."""
+    """A continued run keeps its network and dataset: another model setting than `training_settings` is refused."""
     changed = model_changes(start.changes, training_settings)
     changed += [change for change in start.changes if change.option in DATA_OF_THE_RUN]
     if not changed:
@@ -227,8 +215,8 @@ def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> No
 
 
 def refuse_weights_that_do_not_fit(model: nn.Module, start: Start, training_settings: tuple[str, ...]) -> None:
-    """Say in one line, before anything runs, why the checkpoint's weights do not fit the model the command builds:
-    the settings that differ from the checkpoint's, or else the first tensors that differ."""
+    """Say in one line why the checkpoint's weights do not fit the model: the settings, or else the tensors, that
+    differ."""
     expected, saved = model.state_dict(), start.contents.get("state_dict", {})
     mismatched = [name for name in expected if name in saved and expected[name].shape != saved[name].shape]
     missing, unexpected = [n for n in expected if n not in saved], [n for n in saved if n not in expected]
@@ -256,7 +244,7 @@ def refuse_weights_that_do_not_fit(model: nn.Module, start: Start, training_sett
 def shown(value: Any) -> str:
     """A setting's value as the command line takes it."""
     if isinstance(value, bool):
-        return str(value).lower()  # as the command line takes it
+        return str(value).lower()
     if isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split(".")):
         return value.rsplit(".", 1)[-1]  # a class path: its class
     if isinstance(value, list) and all(isinstance(item, dict) and "class_path" in item for item in value):

@@ -23,14 +23,9 @@ class Dashboard(Callback):
         num_images: Validation samples in the grid, with predicted and true labels, misclassified ones first.
         log_graph: Write the model graph (traced from the model's `example_input_array`) when fitting starts.
 
-    Speed is measured on rank 0 by the wall clock over each logging interval (`--trainer.log_every_n_steps`), with
-    no device synchronisation: `workload/samples_per_s` counts the samples of all ranks, `workload/step_ms` is the mean
-    time of one optimizer step (all the batches it accumulates). Both also show in the progress bar. (Lightning's
-    `ThroughputMonitor` would call `torch.cuda.synchronize()` after every step on a GPU, and its clock runs through
-    validation and checkpoints.)
-    Per-class accuracy comes from the validation confusion matrix the model has already summed over the ranks;
-    torchmetrics' `ClasswiseWrapper` would count the same predictions again and sync them in one more collective.
-    """
+    Speed is rank 0's wall clock over each logging interval, without device synchronisation (Lightning's
+    `ThroughputMonitor` synchronises after every step); per-class accuracy comes from the validation confusion matrix
+    the model has already summed over the ranks (no collective more)."""
 
     def __init__(
         self, images_every_n_epochs: NonNegativeInt = 1, num_images: PositiveInt = 32, log_graph: bool = False

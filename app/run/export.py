@@ -64,10 +64,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
-    """The checkpoint's model, the class names and the dataset's name.
-
-    The model normalises raw pixels itself (models/base.py), so it is exported as it is.
-    """
+    """The checkpoint's model (it normalises raw pixels itself), the class names and the dataset's name."""
     checkpoint = read_checkpoint(checkpoint_path)
     model_class = saved_model_class(checkpoint)
     if model_class is None:

@@ -1,16 +1,5 @@
-"""A run's folder: `<root>/<Model>-<dataset>/version_N`, claimed atomically, held while the run lives, found again
-to continue it.
-
-Lightning's loggers pick `version_N` by listing the folder and taking the next number, so two runs started at the
-same moment can pick the same one and write into each other's folder. Here global rank 0 claims the folder with
-`mkdir`, which exactly one process wins, and holds a lock on it (`flock`) as long as its process lives: a second
-process that would continue the same run is refused while the first still trains. The lock writes nothing, and the
-kernel drops it when the process ends, however it ends.
-
-What a run writes, all in its folder: `config.yaml` (how it was started), one `config-continued-K.yaml` per
-continuation (its settings, with what it changed in a comment at the top), `checkpoints/`, TensorBoard's event files
-and `hparams.yaml`, and one folder per evaluation of its checkpoints (`test/version_N`, `predict/version_N`, ...).
-"""
+"""A run's folder: `<root>/<Model>-<dataset>/version_N`, claimed with `mkdir` (which one process wins), locked with
+`flock` while the run lives, found again to continue it (docs/run-folder.md)."""
 
 import contextlib
 import errno
@@ -40,12 +29,9 @@ def run_name(model_class_path: str, dataset: str) -> str:
 
 
 class RunFolder(Callback):
-    """The folder a run (or an evaluation) writes into: a new `version_N` of `parent`, or an existing run that it
-    continues. Global rank 0 takes a run it continues before the processes meet (a lock, nothing written), and claims
-    a new folder once they have met, when the first file is about to be written: a command refused before, or
-    stopped while it waits for a node, leaves nothing behind. The other ranks never touch it (Lightning broadcasts
-    rank 0's folders to them). As a callback of the Trainer it notes when the command's work starts (training, or the
-    evaluation): what a command that fails before is taken back (`undo`)."""
+    """The folder a run (or an evaluation) writes into: a new `version_N` of `parent`, claimed by global rank 0 when
+    the first file is written, or a run it continues. As a callback it notes when the command's work starts: what a
+    command that fails before wrote is taken back (`undo`)."""
 
     def __init__(self, parent: Path, path: Path | None = None) -> None:
         self.parent = parent
@@ -65,8 +51,7 @@ class RunFolder(Callback):
         return int(number.group(1)) if number else self.path.name
 
     def claim(self) -> Path:
-        """The folder: a run taken, or the next free `version_N` of `parent`, created and held the first time;
-        safe against any number of processes doing the same at the same moment."""
+        """The folder: a run taken, or the next free `version_N` of `parent`, created and held the first time."""
         if self.path is not None:
             return self.path
         self._made = [folder for folder in (self.parent, *self.parent.parents) if not folder.exists()]
@@ -106,9 +91,7 @@ class RunFolder(Callback):
         self.started = True
 
     def undo(self) -> None:
-        """Remove what this process wrote (a record of settings, an event file): a run that fails before its first
-        step leaves no folder, and a continuation that does leaves the run as it was. Nothing where this process
-        does not hold the folder: a run that another process trains is that process's."""
+        """Remove what this process wrote in a folder it holds: a new run's folder, or a continuation's new files."""
         if self.path is None or self._lock is None:
             return
         if not self.continued:
@@ -125,8 +108,7 @@ class RunFolder(Callback):
                 path.unlink()
 
     def _hold(self) -> bool:
-        """Lock the folder for as long as this process lives; False when another process holds it. File systems
-        that cannot lock a folder (some network file systems) are taken as unlocked."""
+        """Lock the folder while this process lives; False when another holds it (no locking: taken as unlocked)."""
         descriptor = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -169,8 +151,7 @@ def last_checkpoint_of(run: Path) -> Path | None:
 
 
 def newest_run_with_a_checkpoint(parent: Path) -> Path | None:
-    """The run `--ckpt_path last` continues: the `version_N` of `parent` with the highest N that holds a last
-    checkpoint. Runs that never saved one (refused, or stopped before their first save) are passed over."""
+    """The run `--ckpt_path last` continues: the highest `version_N` of `parent` that holds a last checkpoint."""
     for number in sorted(versions(parent), reverse=True):
         if last_checkpoint_of(parent / f"version_{number}") is not None:
             return parent / f"version_{number}"
@@ -192,8 +173,7 @@ def newest_record(run: Path) -> Path | None:
 
 
 def read_record(record: Path) -> dict:
-    """The settings a record holds; one line naming the file when it is not the YAML mapping train.py wrote (cut
-    short by a crash of an older version, or edited by hand)."""
+    """The settings a record holds; one line naming the file when it is not the YAML mapping train.py wrote."""
     try:
         settings = yaml.safe_load(record.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as error:
@@ -209,8 +189,7 @@ def read_record(record: Path) -> dict:
 
 
 def write_record(path: Path, text: str) -> None:
-    """Write a record whole or not at all (`write_whole`), and never over an existing file. (The run's folder is this
-    process's alone, claimed or locked: nothing else writes a record there meanwhile.)"""
+    """Write a record whole or not at all (`write_whole`), never over an existing file."""
     if path.exists():
         raise FileExistsError(errno.EEXIST, "a record is never overwritten", str(path))
     write_whole(path, lambda file: file.write(text), mode="w")

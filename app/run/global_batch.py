@@ -9,14 +9,8 @@ from app.say import say
 
 
 class GlobalBatchInfo(Callback):
-    """Print and log what one optimizer step is made of, so a user sees what changing `--devices` does.
-
-    Under DDP each of the `world_size` processes takes `batch_size` samples per step and the gradients are
-    averaged, so one step sees the global batch. Lightning does not rescale the learning rate. An epoch whose
-    batches do not divide by `accumulate_grad_batches` ends with a step on the ones left over, so its steps are
-    rounded up; those of the whole run are Lightning's own count (`trainer.estimated_stepping_batches`, which
-    `--trainer.max_steps` caps).
-    """
+    """Print and log what one optimizer step is made of, so a user sees what changing `--devices` does
+    (docs/configuration.md). An epoch's steps are rounded up: the last one takes the batches left over."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.first_batch = True

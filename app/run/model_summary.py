@@ -1,9 +1,5 @@
-"""The model summary at the start of `fit`, without the metric objects: the network is what a user reads there.
-
-`ImageClassifier` keeps its torchmetrics objects (accuracy, loss means and confusion matrices for each stage) as
-child modules, as torchmetrics asks, and Lightning's summary lists every child: seven rows of metrics with no
-parameters came before the network.
-"""
+"""The model summary at the start of `fit`, without the metric objects (child modules of `ImageClassifier`, seven
+rows without parameters that came before the network)."""
 
 from typing import Any
 

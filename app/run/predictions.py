@@ -21,13 +21,8 @@ class PredictionWriter(BasePredictionWriter):
             own (`<run>/predict/version_N/`). An earlier file is never overwritten: a file that exists already is
             refused before anything runs.
 
-    Under DDP each rank predicts its share of the inputs (Lightning's sampler gives every input to exactly one
-    rank, and tells this callback which). The ranks send their rows to global rank 0 through the process group
-    (`torch.distributed.gather_object`: the shares differ in length, which a tensor all-gather cannot take), so
-    nodes need no shared filesystem; rank 0 writes the CSV in input order. The official test set's rows are
-    `index,prediction,class_name,probability,target`; a folder's (`--data.predict_dir`) are
-    `file,prediction,class_name,probability`.
-    """
+    Each rank predicts its share and sends its rows to global rank 0 (`gather_object`: the shares differ in
+    length), which writes the CSV in input order (columns: docs/use-the-model.md)."""
 
     def __init__(self, path: str | None = None) -> None:
         super().__init__(write_interval="epoch")
@@ -91,9 +86,8 @@ class PredictionWriter(BasePredictionWriter):
 
 
 def _new_file(path: Path):
-    """`path` opened for writing if no file has that name yet; else, should another predict have created it since
-    the check before the run, the first free `NAME-2.csv`, `NAME-3.csv`, ...: the rows computed are never lost, and
-    no earlier file is overwritten."""
+    """`path` opened for writing if no file has that name yet, else the first free `NAME-2.csv`, ...: the rows are
+    never lost, and no earlier file is overwritten."""
     candidate, number = path, 1
     while True:
         try:

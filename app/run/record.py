@@ -13,17 +13,10 @@ HPARAMS_SECTIONS = ("model", "data", "trainer", "seed_everything")  # of the CLI
 
 
 class RunRecord(SaveConfigCallback):
-    """Save the run's settings as LightningCLI does, and log them as hyperparameters.
+    """Save the run's settings as LightningCLI does, and log them as hyperparameters (`HPARAMS_SECTIONS`).
 
-    With `run`, global rank 0 writes them into the run's folder under a name no earlier file has: `config.yaml` when
-    the run starts, `config-continued-K.yaml` for its K-th continuation, with `header` (where it started from, and
-    what it changed) as a comment at the top. Nothing is ever overwritten. Without `run` (a logger of the user's
-    choice), Lightning's own way: `config.yaml` in the logger's folder.
-
-    The HPARAMS tab holds every model, data and trainer setting of the run (`HPARAMS_SECTIONS`), not only the
-    constructor arguments of the model and the datamodule. Lightning calls `save_config` on rank 0 only, before the
-    Trainer logs the hyperparameters itself.
-    """
+    With `run`, global rank 0 writes them into the run's folder under a name no earlier file has, with `header` as
+    a comment at the top; without (a logger of the user's), Lightning's own way."""
 
     def __init__(self, *args: Any, run: RunFolder | None = None, header: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,24 +1,8 @@
 """A run continued from a checkpoint trains with the command's plan: its optimizer, its settings, its schedule.
 
-Lightning restores the optimizer and the learning-rate schedulers exactly as the checkpoint saved them. That is right
-for a run continued unchanged, and wrong for any other: the one-cycle schedule keeps the length it was planned with
-(`Tried to step 101 times. The specified number of total steps is 100` once the run is extended), another optimizer
-is handed the state of the old one (`KeyError: 'betas'` from Adam given Adadelta's), and a new learning rate is
-replaced by the checkpoint's. What this callback does instead, deciding per case:
-
-- The optimizer keeps its state (moments, step counts) when the checkpoint's fits it: the same algorithm, with the
-  same switches (`amsgrad`, `nesterov`, `fused`, ...: a setting that is not a number). It takes the command's numbers
-  (learning rate, betas, weight decay) from the next step. One whose state does not fit starts afresh; the weights,
-  the epoch and the data's position continue.
-- The one-cycle schedule the model plans over the run (models/base.py) is planned again over the run's steps as they
-  now stand, at the step the run has reached, peaking at the command's learning rate. For a run continued unchanged
-  that is the schedule it had. Without one (`--model.one_cycle false`, or a run without a set end), the learning
-  rate is the command's, constant.
-- A scheduler given with `--model.lr_scheduler` continues as saved when neither it nor the optimizer changed, and
-  starts from its beginning otherwise.
-
-One line says what changed, on rank 0. Every rank does the same on its own: no collective.
-"""
+Lightning restores the optimizer and the schedulers exactly as saved, which is wrong for any change of plan (an
+extended one-cycle schedule fails, another optimizer gets the old one's state, a new learning rate is replaced). What
+happens instead, per case: docs/run-folder.md. Every rank does the same on its own: no collective."""
 
 import math
 import warnings
@@ -54,9 +38,8 @@ class ReplanOnResume(Callback):
         """The optimizers and schedulers are the command's here, not yet given the checkpoint's states."""
         if self.checkpoint is None:
             return
-        # Lightning (2.6) loads the training loader's position from a checkpoint only when it builds the loader, and
-        # the one-cycle schedule's `trainer.estimated_stepping_batches` made it build the loader already, before the
-        # checkpoint is read (`configure_optimizers`): forgotten here, it is built again after, position included.
+        # `estimated_stepping_batches` built the loader before the checkpoint was read; Lightning (2.6) restores its
+        # position only when it builds it: forgotten here, it is built again, position included.
         trainer.fit_loop._combined_loader = None
         saved_optimizers = self.checkpoint.get("optimizer_states", [])
         saved_schedulers = self.checkpoint.get("lr_schedulers", [])
@@ -77,8 +60,7 @@ class ReplanOnResume(Callback):
                 saved_schedulers[index] = config.scheduler.state_dict()  # planned again in `on_train_start`
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """The checkpoint's states are loaded: give the optimizers the command's settings (before anything reads
-        them), and note how far into its epoch the run is, for the first batch."""
+        """The checkpoint's states are loaded: give the optimizers the command's settings, note the epoch's position."""
         if self.checkpoint is None:
             return
         saved_epoch, self.checkpoint = self.checkpoint.get("epoch"), None  # its tensors are in the optimizers now
@@ -89,8 +71,8 @@ class ReplanOnResume(Callback):
         self.first_batch = True
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        """Before the first step after the checkpoint: plan the schedule (the sampler knows now how much of the
-        epoch is left), bring it to the step the run has reached, and say what changed."""
+        """Before the first step: plan the schedule (the sampler knows now what is left of the epoch), bring it to the
+        run's step, and say what changed."""
         if not self.first_batch:
             return
         self.first_batch, step, said = False, trainer.global_step, self.said
@@ -131,9 +113,8 @@ class ReplanOnResume(Callback):
 
 
 def _state_fits(optimizer: Optimizer, saved: dict) -> bool:
-    """Whether `saved` is the state of the same algorithm over the same parameters: its parameter groups hold the
-    same settings by name, the same switches (settings that are not numbers: `amsgrad` adds a moment to the state,
-    `fused` and `capturable` keep its step counts elsewhere), and as many parameters."""
+    """Whether `saved` is the state of the same algorithm over as many parameters: the same settings by name and the
+    same switches (`amsgrad` adds a moment to the state, `fused` keeps its step counts elsewhere)."""
     groups = saved.get("param_groups", [])
     if len(groups) != len(optimizer.param_groups):
         return False
@@ -146,8 +127,7 @@ def _state_fits(optimizer: Optimizer, saved: dict) -> bool:
 
 
 def _settings(group: dict, scheduled: bool = True) -> dict:
-    """A parameter group's optimizer settings, without what a scheduler writes there (the learning rate and
-    momentum too, where a scheduler sets them at every step)."""
+    """A parameter group's optimizer settings, without what a scheduler writes there."""
     left_out = SCHEDULE_KEYS if scheduled else SCHEDULE_KEYS - {"lr", "momentum", "betas"}
     return {key: value for key, value in group.items() if key != "params" and key not in left_out}
 
@@ -172,12 +152,8 @@ def _planned_over_the_run(scheduler: object, pl_module: LightningModule, trainer
 
 
 def _steps_in_the_run(trainer: Trainer, batches_done: int) -> float:
-    """The optimizer steps of the whole run: those taken, and those its settings leave to take now.
-
-    Lightning's `estimated_stepping_batches` counts every epoch at the steps per epoch of now; a run continued with
-    another batch size took its steps so far at the old one, and continues its epoch with what was left of it, which
-    the training sampler knows (`datamodules/sampler.py`; Lightning runs the epoch until the sampler has given it
-    all, or `--trainer.limit_train_batches` batches have been counted)."""
+    """The optimizer steps of the whole run: those taken, and those left now. (Lightning's `estimated_stepping_batches`
+    counts every epoch at today's batch size; the sampler knows what is left of the current epoch.)"""
     accumulated, loader = trainer.accumulate_grad_batches, trainer.train_dataloader
     counted = trainer.num_training_batches - batches_done  # as Lightning counts the batches of the epoch
     if hasattr(loader.sampler, "indices_in_pass"):
@@ -202,8 +178,7 @@ def _one_cycle_over(scheduler: OneCycleLR, total: float) -> OneCycleLR:
 
 
 def _bring_to_step(scheduler: OneCycleLR, step: int) -> None:
-    """Set the learning rate (and momentum) of `step` in a one-cycle schedule that has just been made: it computes
-    them from the step alone."""
+    """Set the learning rate (and momentum) of `step` in a one-cycle schedule just made."""
     scheduler.last_epoch = step - 1
     with warnings.catch_warnings():  # torch warns of a scheduler stepped before its optimizer: here on purpose
         warnings.simplefilter("ignore", UserWarning)

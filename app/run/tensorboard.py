@@ -14,22 +14,11 @@ HPARAMS_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")
 
 
 class RunLogger(TensorBoardLogger):
-    """Lightning's TensorBoard logger in the run's folder, minus the placeholder `hp_metric = -1` in the HPARAMS tab.
+    """Lightning's TensorBoard logger in the folder rank 0 claims for the run (`folder.py`), with the cards of loss
+    and accuracy first (docs/dashboard.md) and no placeholder `hp_metric = -1` in the HPARAMS tab.
 
-    The version is the folder that global rank 0 claims for the run once the processes have met (`folder.py`), not
-    the next number Lightning finds by listing the folder, which two runs started at once can both find.
-
-    Lightning writes the HPARAMS tab only together with metric values, which it also logs as scalars at step 0.
-    Here the tab names `HPARAMS_METRICS` as its metrics without logging any value: TensorBoard shows the last value
-    of the scalars of those names, which the run logs itself. TensorBoard reads only the first hparams record of a
-    run, so the first call writes it (with the whole configuration: `record.py`); later calls only add to
-    `hparams.yaml`. Only rank 0 writes, as with any Lightning logger.
-
-    TensorBoard orders its cards by name and groups them by the name's first part, so the groups of the loss and
-    accuracy (`test/`, `train/`, `val/`) come first only if every other scalar is in a group named after `val`:
-    the project names its own that way (`val_per_class/`, `visuals/`, `workload/`), and this logger moves
-    Lightning's (`epoch`, and `lr-<optimizer>` of the LearningRateMonitor) under `workload/`.
-    """
+    The tab names `HPARAMS_METRICS` as its metrics without logging values (TensorBoard shows the last ones the run
+    logs); TensorBoard reads only a run's first hparams record, so the first call writes it."""
 
     def __init__(self, *args: Any, run: RunFolder | None = None, **kwargs: Any) -> None:
         super().__init__(*args, default_hp_metric=False, **kwargs)
@@ -68,8 +57,7 @@ def _card_name(name: str) -> str:
 
 
 def _flattened(params: dict[str, Any] | Namespace, prefix: str = "") -> dict[str, Any]:
-    """`{"model": {"init_args": {"optimizer": {"init_args": {"lr": 0.01}}}}}` as `{"model/optimizer/lr": 0.01}`:
-    jsonargparse nests class arguments under "init_args", which would only lengthen the table's names."""
+    """`{"model": {"init_args": {"optimizer": {"init_args": {"lr": 0.01}}}}}` as `{"model/optimizer/lr": 0.01}`."""
     flat = {}
     for key, value in (vars(params) if isinstance(params, Namespace) else params).items():
         name = prefix if key == "init_args" else f"{prefix}/{key}" if prefix else str(key)
@@ -81,8 +69,7 @@ def _flattened(params: dict[str, Any] | Namespace, prefix: str = "") -> dict[str
 
 
 def _shown(value: Any) -> bool | int | float | str:
-    """A value as TensorBoard's table takes it: a plain number (not jsonargparse's PositiveInt, so that it sorts), a
-    boolean, or text."""
+    """A value as TensorBoard's table takes it: a plain number (not a PositiveInt, so that it sorts), bool, or text."""
     for kind in (bool, int, float):
         if isinstance(value, kind):
             return kind(value)

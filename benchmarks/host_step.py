@@ -1,0 +1,207 @@
+"""The host's time per training step, with a model whose compute is negligible: what the Python of each loop costs.
+
+One linear layer (784 -> 10) at batch 1, in one torchrun job, three loops over the same process group, round after
+round (plain, bare, train.py, plain, bare, ...), so that whatever slows the machine down slows all three:
+
+- plain: the plain PyTorch DDP loop of `ddp_paths.py` (DataLoader, `DistributedDataParallel`, Adam);
+- bare: `Trainer(strategy="ddp")` with no logger, no callbacks, no progress bar, no checkpoints;
+- train.py: train.py's own Trainer, built by its command line (`TrainCLI`, `fit`): its callbacks, logger, metrics
+  and progress bar, as a user runs it.
+
+Each Lightning round is a `fit` of `--warmup` + `--steps` steps; the steps after the warm-up are timed from one
+`on_train_batch_start` to the next (logging steps included: every `log_every_n_steps`). The median round of each loop
+gives ms per step. Then one more `fit` of each Lightning loop under Lightning's `SimpleProfiler` says, per hook and
+per callback, where train.py's extra time goes (ms per step in train.py's Trainer minus the bare one's, for the
+actions both have, and in full for the actions only train.py's has).
+
+    python benchmarks/host_step.py --data-dir ../shared/datasets --devices 2
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, Trainer
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from models import ImageClassifier  # noqa: E402
+
+LOOPS = {"plain": "plain PyTorch DDP loop", "bare": "bare Lightning Trainer", "train.py": "train.py's Trainer"}
+
+
+class OneLinear(ImageClassifier):
+    """One linear layer: a step whose compute is a few microseconds, so that what is timed is the loop's Python."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))
+
+
+class StepClock(Callback):
+    """The wall time from the first timed step's start to the last one's end, and how many steps that was."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.batches, self.start, self.seconds, self.steps = warmup, 0, 0.0, 0.0, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self.batches == self.warmup:
+            self.start = time.perf_counter()
+        self.batches += 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.batches > self.warmup:
+            self.seconds, self.steps = time.perf_counter() - self.start, self.batches - self.warmup
+
+    def ms_per_step(self) -> float:
+        return 1000 * self.seconds / self.steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
+    parser.add_argument("--devices", type=int, default=1, help="processes")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first, in every round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run_worker(args)
+        return
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.devices}"]
+        command += [__file__, "--worker", "--out", out, "--data-dir", args.data_dir, "--steps", str(args.steps)]
+        command += ["--warmup", str(args.warmup), "--rounds", str(args.rounds)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count() // args.devices))}
+        with open(Path(out, "job.log"), "w") as log:  # the progress bars and Lightning's lines
+            done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+        if done.returncode != 0:
+            sys.exit(f"the job failed:\n{Path(out, 'job.log').read_text()[-4000:]}")
+        print_tables(args, json.loads(Path(out, "rank0.json").read_text()))
+
+
+def print_tables(args: argparse.Namespace, result: dict) -> None:
+    print(
+        f"\nOne linear layer, batch 1, {args.devices} processes (torchrun), {args.rounds} rounds of {args.steps}"
+        f" timed steps per loop, interleaved, medians; torch {torch.__version__}, CPU"
+    )
+    plain = statistics.median(result["plain"])
+    print("| loop | ms/step | per round | vs plain (speed) |")
+    print("| --- | --- | --- | --- |")
+    for loop, label in LOOPS.items():
+        ms = statistics.median(result[loop])
+        print(f"| {label} | {ms:.3f} | {', '.join(f'{x:.3f}' for x in result[loop])} | {plain / ms:.2f}x |")
+    extra = statistics.median(result["train.py"]) - statistics.median(result["bare"])
+    print(f"\ntrain.py's Trainer over the bare one: {extra:+.3f} ms per step")
+    print("\nWhere it goes (SimpleProfiler, one fit of each; ms per step; a callback's row sums its hooks):")
+    print("| action | train.py's Trainer | bare Trainer | difference |")
+    print("| --- | --- | --- | --- |")
+    for action, ours, bare in result["split"]:
+        if abs(ours - bare) >= 0.002:
+            print(f"| `{action}` | {ours:.3f} | {bare:.3f} | {ours - bare:+.3f} |")
+
+
+# ---------------------------------------------------------------- inside each torchrun process
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    from app.job.process_group import close_process_group
+    from benchmarks.ddp_paths import PlainLoop
+
+    torch.distributed.init_process_group("gloo")
+    plain = PlainLoop(argparse.Namespace(data_dir=args.data_dir, batch_size=1, model="SeqNet"), torch.device("cpu"))
+    plain.model = torch.nn.parallel.DistributedDataParallel(_one_linear(plain))
+    plain.optimizer = torch.optim.Adam(plain.model.parameters(), lr=0.01, fused=True)
+    root = Path(args.out, "runs")
+    times: dict[str, list[float]] = {loop: [] for loop in LOOPS}
+    for _ in range(args.rounds):
+        plain.time_steps(args.warmup)
+        times["plain"].append(1000 * plain.time_steps(args.steps) / args.steps)
+        times["bare"].append(clock_of(bare_fit(args)).ms_per_step())
+        times["train.py"].append(clock_of(train_py_fit(args, root)).ms_per_step())
+    split = profiled_split(args, root)
+    if torch.distributed.get_rank() == 0:
+        Path(args.out, "rank0.json").write_text(json.dumps({**times, "split": split}))
+    close_process_group()
+
+
+def _one_linear(plain) -> OneLinear:
+    model = OneLinear(one_cycle=False)
+    model.configure_model()
+    model.hparams.pixel_mean, model.hparams.pixel_std = plain.datamodule.mean, plain.datamodule.std
+    return model
+
+
+def bare_fit(args: argparse.Namespace, profiler=None) -> Trainer:
+    from datamodules import MNISTDataModule
+
+    trainer = Trainer(
+        strategy="ddp",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        max_steps=args.warmup + args.steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StepClock(args.warmup)],
+        profiler=profiler,
+    )
+    trainer.fit(OneLinear(), datamodule=MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=1))
+    return trainer
+
+
+def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = None) -> Trainer:
+    """train.py's `fit`, as its command line builds it, plus the clock (and a profiler)."""
+    from app.command_line.train_cli import TrainCLI
+
+    options = ["--model", "benchmarks.host_step.OneLinear", "--data.dataset", "mnist", "--data.batch_size", "1"]
+    options += ["--data.data_dir", args.data_dir, "--trainer.default_root_dir", str(root)]
+    options += ["--trainer.max_steps", str(args.warmup + args.steps), "--trainer.num_sanity_val_steps", "0"]
+    options += ["--trainer.callbacks+=benchmarks.host_step.StepClock", "--trainer.callbacks.warmup", str(args.warmup)]
+    options += ["--trainer.profiler", profiler] if profiler else []
+    return TrainCLI(["fit", *options]).trainer
+
+
+def clock_of(trainer: Trainer) -> StepClock:
+    """The clock (by name: train.py's parser builds it from `benchmarks.host_step`, this file runs as `__main__`)."""
+    return next(callback for callback in trainer.callbacks if type(callback).__name__ == "StepClock")
+
+
+def profiled_split(args: argparse.Namespace, root: Path) -> list[tuple[str, float, float]]:
+    """Lightning's SimpleProfiler over one fit of each Lightning loop: ms per step of each callback (all its hooks
+    together) and of each other action that runs at every step, in train.py's Trainer and in the bare one, largest
+    difference first. Each profiled call costs about a microsecond of its own: compare rows, not the sum."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    profiles = [
+        bare_fit(args, profiler=SimpleProfiler()).profiler.recorded_durations,
+        train_py_fit(args, root, profiler="simple").profiler.recorded_durations,
+    ]
+    steps = args.warmup + args.steps
+    rows: dict[str, list[float]] = {}
+    for column, durations in enumerate(profiles):
+        for action, seconds in durations.items():
+            per_step = len(seconds) >= steps // 50  # at every step, or every logging step: not setup, not an epoch's
+            if not per_step or "run_training_epoch" in action or "run_training_batch" in action:
+                continue
+            name = action.split("}")[0] + "}" if action.startswith("[Callback]ModelCheckpoint") else action
+            name = name.rsplit(".", 1)[0] if name.startswith("[Callback]") else name  # a callback: all its hooks
+            rows.setdefault(name, [0.0, 0.0])[1 - column] += 1000 * sum(seconds) / steps
+    return sorted(((name, ours, bare) for name, (ours, bare) in rows.items()), key=lambda row: row[2] - row[1])
+
+
+if __name__ == "__main__":
+    main()
