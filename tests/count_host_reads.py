@@ -1,6 +1,7 @@
 """`python tests/count_host_reads.py OUT_DIR TRAIN_ARGS...`: run `train.py TRAIN_ARGS` and record, in every process,
-where a tensor value was read back to the host, and after each optimizer step the line STEP; each rank writes its
-list to OUT_DIR/rank<N>.json.
+where a tensor value was read back to the host, which of the project's own functions (in app/) the main thread
+called once training had started, and after each optimizer step the line STEP; each rank writes its list to
+OUT_DIR/rank<N>.json.
 
 Lightning's launcher starts the other ranks with this same command line, so they count too.
 """
@@ -20,6 +21,8 @@ from app.main import main  # noqa: E402
 
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
 STEP = "optimizer step"
+CALL = "call "  # the prefix of a call of the project's own code: "call fault_guard.py:on_train_batch_end"
+APP = str(Path(__file__).resolve().parents[1] / "app") + os.sep
 
 
 def count_reads(reads: list[str]) -> None:
@@ -37,11 +40,27 @@ def count_reads(reads: list[str]) -> None:
         setattr(torch.Tensor, name, counting)
 
 
+def count_calls(events: list[str]) -> None:
+    """From now on, record every call of a function of app/ in this thread (the main one: the training loop)."""
+
+    def profile(frame, event: str, arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(APP):
+            events.append(f"{CALL}{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+
+
+def after_each_step(events: list[str]) -> None:
+    events.append(STEP)
+    if STEP not in events[:-1]:  # the first step: from here on, the calls too
+        count_calls(events)
+
+
 if __name__ == "__main__":
     out_dir, argv = Path(sys.argv[1]), sys.argv[2:]
     reads: list[str] = []
     count_reads(reads)
-    register_optimizer_step_post_hook(lambda *_: reads.append(STEP))
+    register_optimizer_step_post_hook(lambda *_: after_each_step(reads))
     try:
         main(argv)
     finally:
