@@ -397,19 +397,16 @@ class TrainCLI(LightningCLI):
         return RunFolder(base / self.subcommand)
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
-        """The callbacks of this command. Lightning calls every callback at every hook of every step, so those with
-        nothing to do are left out (benchmarks/host_step.py): the timed checkpoint unless given an interval, the
-        prediction writer outside `predict`, and every checkpoint callback with `--trainer.enable_checkpointing
-        false`. The progress bar refreshes every `PROGRESS_BAR_EVERY_N_STEPS` steps, where Lightning's refreshes at
-        every step; a progress bar of the user's (`--trainer.callbacks+=TQDMProgressBar`) replaces it."""
-        chosen = self.config_init[self.subcommand]
-        timed = self._setting("timed_checkpoint.train_time_interval") is not None  # 0:00:00 too: after every step
-        idle = [] if timed else [chosen["timed_checkpoint"]]
-        idle += [] if self.subcommand == "predict" else [chosen["predictions"]]
+        """The callbacks of this command. Lightning calls every callback at every hook of every step, so the
+        prediction writer is left out outside `predict` (benchmarks/host_step.py), and every checkpoint callback with
+        `--trainer.enable_checkpointing false`. (The timed checkpoint stays when idle: the checkpoints of earlier runs
+        hold its state, which Lightning would miss.) The progress bar refreshes every `PROGRESS_BAR_EVERY_N_STEPS`
+        steps, where Lightning's refreshes at every step; a progress bar of the user's replaces it."""
+        idle = [] if self.subcommand == "predict" else [self.config_init[self.subcommand]["predictions"]]
         if config.get("enable_checkpointing") is False:
             idle += [callback for callback in callbacks if isinstance(callback, ModelCheckpoint)]
         callbacks = [callback for callback in callbacks if all(callback is not other for other in idle)]
-        users = config.get("callbacks") or []
+        users = _as_list(config.get("callbacks"))
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in users):
             callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_BAR_EVERY_N_STEPS))
         self._take_the_launchers_shape(config, callbacks)
@@ -605,5 +602,9 @@ class TrainCLI(LightningCLI):
 
 def _plugins(trainer_config) -> list:
     """`--trainer.plugins` as a list."""
-    plugins = trainer_config.get("plugins")
-    return [] if plugins is None else plugins if isinstance(plugins, list) else [plugins]
+    return _as_list(trainer_config.get("plugins"))
+
+
+def _as_list(value) -> list:
+    """A Trainer setting that takes one object or a list of them (`--trainer.callbacks`, `--trainer.plugins`)."""
+    return [] if value is None else value if isinstance(value, list) else [value]

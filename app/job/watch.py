@@ -1,6 +1,8 @@
 """The one thread the project starts besides the heartbeat: it watches a wait that may never end from outside it."""
 
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 
 
@@ -13,8 +15,11 @@ def watch(look: Callable[[], object], stop: threading.Event) -> threading.Thread
     """
 
     def run() -> None:
-        while not stop.wait(1.0):
-            look()
+        try:
+            while not stop.wait(1.0):
+                look()
+        except Exception:  # a bug: said with its cause; what it watched is no longer watched, the process goes on
+            print(f"error in the watch thread (a bug):\n{traceback.format_exc()}", file=sys.stderr, flush=True)
 
     thread = threading.Thread(target=run, name="watch", daemon=True)
     thread.start()
