@@ -265,10 +265,10 @@ class PlainLoop:
 
     Fed the project's way (uint8 batches from the datamodule's tensors, which the model normalises on the device)
     or, with `tutorial`, the tutorials' way (torchvision's MNIST, `ToTensor()` and `Normalize()` per sample, into
-    the network alone). Needs the process group to exist.
+    the network alone). The model is `args.model`'s, or `module` (an `ImageClassifier`). Needs the process group.
     """
 
-    def __init__(self, args: argparse.Namespace, device, tutorial: bool = False) -> None:
+    def __init__(self, args: argparse.Namespace, device, tutorial: bool = False, module=None) -> None:
         from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import DataLoader, DistributedSampler
 
@@ -287,7 +287,7 @@ class PlainLoop:
             dataset, collate = self.datamodule.train_set, already_batched
         self.sampler = DistributedSampler(dataset, shuffle=True, seed=42)
         self.loader = DataLoader(dataset, batch_size=args.batch_size, sampler=self.sampler, collate_fn=collate)
-        module = _model(args.model)
+        module = module or _model(args.model)
         module.configure_model()  # the model's own speed settings (channels_last), as Lightning applies them
         # The training set's statistics, as the model's `setup` takes them under Lightning.
         module.hparams.pixel_mean, module.hparams.pixel_std = self.datamodule.mean, self.datamodule.std

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.ddp_paths import run_torchrun  # noqa: E402
 from models import ImageClassifier  # noqa: E402
 
 LOOPS = {"plain": "plain PyTorch DDP loop", "bare": "bare Lightning Trainer", "train.py": "train.py's Trainer"}
@@ -80,14 +80,8 @@ def main() -> None:
         run_worker(args)
         return
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.devices}"]
-        command += [__file__, "--worker", "--out", out, "--data-dir", args.data_dir, "--steps", str(args.steps)]
-        command += ["--warmup", str(args.warmup), "--rounds", str(args.rounds)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count() // args.devices))}
-        with open(Path(out, "job.log"), "w") as log:  # the progress bars and Lightning's lines
-            done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
-        if done.returncode != 0:
-            sys.exit(f"the job failed:\n{Path(out, 'job.log').read_text()[-4000:]}")
+        arguments = ["--worker", "--out", out, "--data-dir", args.data_dir, "--steps", str(args.steps)]
+        run_torchrun(args.devices, __file__, [*arguments, "--warmup", str(args.warmup), "--rounds", str(args.rounds)])
         print_tables(args, json.loads(Path(out, "rank0.json").read_text()))
 
 
@@ -120,9 +114,8 @@ def run_worker(args: argparse.Namespace) -> None:
     from benchmarks.ddp_paths import PlainLoop
 
     torch.distributed.init_process_group("gloo")
-    plain = PlainLoop(argparse.Namespace(data_dir=args.data_dir, batch_size=1, model="SeqNet"), torch.device("cpu"))
-    plain.model = torch.nn.parallel.DistributedDataParallel(_one_linear(plain))
-    plain.optimizer = torch.optim.Adam(plain.model.parameters(), lr=0.01, fused=True)
+    data = argparse.Namespace(data_dir=args.data_dir, batch_size=1)
+    plain = PlainLoop(data, torch.device("cpu"), module=OneLinear(one_cycle=False))  # Adam, lr 0.01, fused
     root = Path(args.out, "runs")
     times: dict[str, list[float]] = {loop: [] for loop in LOOPS}
     for _ in range(args.rounds):
@@ -136,26 +129,15 @@ def run_worker(args: argparse.Namespace) -> None:
     close_process_group()
 
 
-def _one_linear(plain) -> OneLinear:
-    model = OneLinear(one_cycle=False)
-    model.configure_model()
-    model.hparams.pixel_mean, model.hparams.pixel_std = plain.datamodule.mean, plain.datamodule.std
-    return model
-
-
 def bare_fit(args: argparse.Namespace, profiler=None) -> Trainer:
+    from benchmarks.bare_trainer import bare_trainer
     from datamodules import MNISTDataModule
 
-    trainer = Trainer(
-        strategy="ddp",
+    trainer = bare_trainer(
+        sigterm_every_n_steps=None,  # no callback of train.py's
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         max_steps=args.warmup + args.steps,
-        limit_val_batches=0,
         num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[StepClock(args.warmup)],
         profiler=profiler,
     )

@@ -40,27 +40,27 @@ def count_reads(reads: list[str]) -> None:
         setattr(torch.Tensor, name, counting)
 
 
-def count_calls(events: list[str]) -> None:
-    """From now on, record every call of a function of app/ in this thread (the main one: the training loop)."""
+def call_recorder(events: list[str]):
+    """A profile function (`sys.setprofile`) that records every call of a function of app/ in its thread."""
 
     def profile(frame, event: str, arg) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(APP):
             events.append(f"{CALL}{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
 
-    sys.setprofile(profile)
-
-
-def after_each_step(events: list[str]) -> None:
-    events.append(STEP)
-    if STEP not in events[:-1]:  # the first step: from here on, the calls too
-        count_calls(events)
+    return profile
 
 
 if __name__ == "__main__":
     out_dir, argv = Path(sys.argv[1]), sys.argv[2:]
     reads: list[str] = []
     count_reads(reads)
-    register_optimizer_step_post_hook(lambda *_: after_each_step(reads))
+    record_calls = call_recorder(reads)
+
+    def after_each_step(*_) -> None:
+        reads.append(STEP)
+        sys.setprofile(record_calls)  # the main thread's calls, from the first step on (a no-op after it)
+
+    register_optimizer_step_post_hook(after_each_step)
     try:
         main(argv)
     finally:

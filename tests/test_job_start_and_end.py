@@ -65,8 +65,12 @@ def test_a_stop_while_the_processes_wait_for_a_node_that_never_comes_ends_the_jo
     job = TrainJob("fit", *args, output=tmp_path / "output", env=env)
     try:
         # Node 0 says that it waits (app/job/rendezvous.py); its other process waits there too, or still imports
-        said = lambda: job.output.exists() and "Node 0 has waited" in job.output.read_text()  # noqa: E731
-        wait_for(said, timeout=120, what="node 0 to say that it waits", every=0.2)
+        wait_for(
+            lambda: job.output.exists() and "Node 0 has waited" in job.output.read_text(),
+            timeout=120,
+            what="node 0 to say that it waits",
+            every=0.2,
+        )
         os.killpg(job.pid, stop)  # as a terminal does on Ctrl-C, or a scheduler
         output = job.communicate(timeout=30)[0]
         left = left_behind(session=job.pid, marker=str(tmp_path))

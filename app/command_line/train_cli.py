@@ -308,7 +308,7 @@ class TrainCLI(LightningCLI):
         """The Trainer, with this project's logger in the command's folder, the checkpoint `--ckpt_path` stands for,
         and atomic checkpoint files (unless --trainer.plugins gives a CheckpointIO)."""
         trainer_config = self._setting("trainer", self.config_init)
-        plugins = _plugins(trainer_config)
+        plugins = _as_list(trainer_config.get("plugins"))
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO(self.continue_command)]
         if trainer_config["logger"] in (None, True, False):  # not a logger of the user's, which has its own folder
@@ -415,7 +415,7 @@ class TrainCLI(LightningCLI):
     def _take_the_launchers_shape(self, config: dict, callbacks: list) -> None:
         """Under a launcher, `--devices` and `--num_nodes` follow what it started (`launcher_shape.py`), and the fault
         guard's save interval its restarts (here, not in the parser: the run's record keeps what the user chose)."""
-        plugins = _plugins(config)
+        plugins = _as_list(config.get("plugins"))
         self.shape = launcher_shape(next((p for p in plugins if isinstance(p, ClusterEnvironment)), None))
         if self.shape is None:
             return
@@ -598,11 +598,6 @@ class TrainCLI(LightningCLI):
         elif self.trainer.loggers:  # a logger of the user's: where it writes (a broadcast from rank 0: on every rank)
             lines.append(f"Logs: {self.trainer.log_dir}")
         rank_zero_info("\n".join(lines))
-
-
-def _plugins(trainer_config) -> list:
-    """`--trainer.plugins` as a list."""
-    return _as_list(trainer_config.get("plugins"))
 
 
 def _as_list(value) -> list:

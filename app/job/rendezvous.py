@@ -54,7 +54,8 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     if world_size == 1 or local_rank != 0 or dist.is_initialized() or under_torchrun():
         yield
         return
-    started, next_notice = time.monotonic(), [time.monotonic() + FIRST_NOTICE_S]
+    started = time.monotonic()
+    next_notice = [started + FIRST_NOTICE_S]  # moved on by the watch thread each time it speaks
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
     def look() -> None:
