@@ -6,9 +6,10 @@ import sys
 from collections import Counter
 
 import pytest
+from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-from app.command_line.train_cli import PROGRESS_BAR_EVERY_N_STEPS, TrainCLI
+from app.command_line.train_cli import BATCH_HOOKS, PROGRESS_BAR_EVERY_N_STEPS, TrainCLI
 from app.job.process_group import close_process_group
 from app.run.predictions import PredictionWriter
 from tests.count_host_reads import CALL, STEP
@@ -69,13 +70,25 @@ def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_
 )
 def test_a_fit_calls_no_callback_that_has_nothing_to_do(data_dir, tmp_path, options, refresh_rate, checkpoints):
     """Lightning calls every callback at every hook of every step (benchmarks/host_step.py): the prediction writer is
-    left out of a fit, and the progress bar refreshes every few steps, unless the user gives their own."""
+    left out of a fit, no callback is called at a batch's hook it leaves empty, and the progress bar refreshes every
+    few steps, unless the user gives their own."""
     shown = {"enable_progress_bar": None}  # SMALL_RUN's "false" left out
     argv = small_run(data_dir, tmp_path, *options, "--trainer.limit_train_batches", "2", **shown)
     try:
-        callbacks = TrainCLI(["fit", *argv]).trainer.callbacks
+        trainer = TrainCLI(["fit", *argv, "--trainer.profiler", "simple"]).trainer
     finally:
         close_process_group()  # as app/main.py does after a command: the other tests of this worker start without one
+    callbacks = trainer.callbacks
+    # No callback is called at a hook of a batch that its class leaves as Lightning's empty one
+    by_name = {f"[Callback]{callback.state_key}": callback for callback in callbacks}
+    called = [action.rpartition(".") for action in trainer.profiler.recorded_durations]
+    empty = [
+        f"{name}.{hook}"
+        for name, _, hook in called
+        if name in by_name and hook in BATCH_HOOKS and getattr(type(by_name[name]), hook) is getattr(Callback, hook)
+    ]
+    assert not empty, empty
+    assert any(hook == "on_train_batch_end" for name, _, hook in called if name in by_name)  # the profiler saw them
     bars = [callback for callback in callbacks if isinstance(callback, ProgressBar)]
     assert [bar.refresh_rate for bar in bars] == ([refresh_rate] if refresh_rate else [])
     assert sum(isinstance(callback, ModelCheckpoint) for callback in callbacks) == checkpoints
