@@ -1,12 +1,14 @@
 """The host's time per training step, with a model whose compute is negligible: what the Python of each loop costs.
 
-One linear layer (784 -> 10) at batch 1, in one torchrun job, three loops over the same process group, round after
-round (plain, bare, train.py, plain, bare, ...), so that whatever slows the machine down slows all three:
+One linear layer (784 -> 10) at batch 1, in one torchrun job, four loops over the same process group, round after
+round (plain, bare, train.py, plain, bare, ...), so that whatever slows the machine down slows them all:
 
 - plain: the plain PyTorch DDP loop of `ddp_paths.py` (DataLoader, `DistributedDataParallel`, Adam);
 - bare: `Trainer(strategy="ddp")` with no logger, no callbacks, no progress bar, no checkpoints;
 - train.py: train.py's own Trainer, built by its command line (`TrainCLI`, `fit`): its callbacks, logger, metrics
-  and progress bar, as a user runs it.
+  and progress bar, as a user runs it;
+- every hook: the same, with every callback called at every hook of a batch, as before train.py skipped the empty
+  ones (`CallEveryHook`).
 
 Each Lightning round is a `fit` of `--warmup` + `--steps` steps; the steps after the warm-up are timed from one
 `on_train_batch_start` to the next (logging steps included: every `log_every_n_steps`). The median round of each loop
@@ -36,7 +38,12 @@ sys.path.insert(0, str(REPO))
 from benchmarks.ddp_paths import run_torchrun  # noqa: E402
 from models import ImageClassifier  # noqa: E402
 
-LOOPS = {"plain": "plain PyTorch DDP loop", "bare": "bare Lightning Trainer", "train.py": "train.py's Trainer"}
+LOOPS = {
+    "plain": "plain PyTorch DDP loop",
+    "bare": "bare Lightning Trainer",
+    "train.py": "train.py's Trainer",
+    "every hook": "train.py's Trainer, every callback called at every hook (before)",
+}
 
 
 class OneLinear(ImageClassifier):
@@ -64,6 +71,16 @@ class StepClock(Callback):
 
     def ms_per_step(self) -> float:
         return 1000 * self.seconds / self.steps
+
+
+class CallEveryHook(Callback):
+    """train.py's Trainer as it was before it skipped the hooks of a batch that a callback leaves empty
+    (`train_cli._skip_empty_batch_hooks`): Lightning calls every callback at every hook again."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        for callback in trainer.callbacks:
+            for hook in [name for name, value in vars(callback).items() if value is None and name.startswith("on_")]:
+                delattr(callback, hook)
 
 
 def main() -> None:
@@ -96,8 +113,10 @@ def print_tables(args: argparse.Namespace, result: dict) -> None:
     for loop, label in LOOPS.items():
         ms = statistics.median(result[loop])
         print(f"| {label} | {ms:.3f} | {', '.join(f'{x:.3f}' for x in result[loop])} | {plain / ms:.2f}x |")
-    extra = statistics.median(result["train.py"]) - statistics.median(result["bare"])
-    print(f"\ntrain.py's Trainer over the bare one: {extra:+.3f} ms per step")
+    for loop in ("train.py", "every hook"):
+        extra = statistics.median(result[loop]) - statistics.median(result["bare"])
+        print(f"\n{LOOPS[loop]} over the bare one: {extra:+.3f} ms per step", end="")
+    print()
     print("\nWhere it goes (SimpleProfiler, one fit of each; ms per step; a callback's row sums its hooks):")
     print("| action | train.py's Trainer | bare Trainer | difference |")
     print("| --- | --- | --- | --- |")
@@ -123,6 +142,8 @@ def run_worker(args: argparse.Namespace) -> None:
         times["plain"].append(1000 * plain.time_steps(args.steps) / args.steps)
         times["bare"].append(clock_of(bare_fit(args)).ms_per_step())
         times["train.py"].append(clock_of(train_py_fit(args, root)).ms_per_step())
+        every_hook = ["--trainer.callbacks+=benchmarks.host_step.CallEveryHook"]
+        times["every hook"].append(clock_of(train_py_fit(args, root, more=every_hook)).ms_per_step())
     split = profiled_split(args, root)
     if torch.distributed.get_rank() == 0:
         Path(args.out, "rank0.json").write_text(json.dumps({**times, "split": split}))
@@ -145,8 +166,8 @@ def bare_fit(args: argparse.Namespace, profiler=None) -> Trainer:
     return trainer
 
 
-def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = None) -> Trainer:
-    """train.py's `fit`, as its command line builds it, plus the clock (and a profiler)."""
+def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = None, more: list[str] = ()) -> Trainer:
+    """train.py's `fit`, as its command line builds it, plus the clock (and a profiler, and `more` options)."""
     from app.command_line.train_cli import TrainCLI
 
     options = ["--model", "benchmarks.host_step.OneLinear", "--data.dataset", "mnist", "--data.batch_size", "1"]
@@ -154,7 +175,7 @@ def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = No
     options += ["--trainer.max_steps", str(args.warmup + args.steps), "--trainer.num_sanity_val_steps", "0"]
     options += ["--trainer.callbacks+=benchmarks.host_step.StepClock", "--trainer.callbacks.warmup", str(args.warmup)]
     options += ["--trainer.profiler", profiler] if profiler else []
-    return TrainCLI(["fit", *options]).trainer
+    return TrainCLI(["fit", *options, *more]).trainer
 
 
 def clock_of(trainer: Trainer) -> StepClock:
