@@ -611,10 +611,11 @@ class TrainCLI(LightningCLI):
 def _skip_empty_batch_hooks(callbacks: list[Callback]) -> None:
     """Lightning calls every callback at each hook of every batch, one whose hook is `Callback`'s empty one too: 1.4 us
     a call on the development VM, 2.9 for a `ModelCheckpoint`, whose name for the profiler is made anew each time
-    (benchmarks/host_step.py). It skips a hook that is not callable: such a hook is set to None on the callback."""
+    (benchmarks/host_step.py). It skips a hook that is not callable: such a hook is set to None on the callback
+    (one the callback set itself stays)."""
     for callback in callbacks:
         for hook in BATCH_HOOKS:
-            if getattr(type(callback), hook) is getattr(Callback, hook):
+            if hook not in vars(callback) and getattr(type(callback), hook) is getattr(Callback, hook):
                 setattr(callback, hook, None)
 
 
