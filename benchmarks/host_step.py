@@ -1,7 +1,7 @@
 """The host's time per training step, with a model whose compute is negligible: what the Python of each loop costs.
 
 One linear layer (784 -> 10) at batch 1, in one torchrun job, four loops over the same process group, round after
-round (plain, bare, train.py, plain, bare, ...), so that whatever slows the machine down slows them all:
+round (plain, bare, train.py, every hook, plain, ...), so that whatever slows the machine down slows them all:
 
 - plain: the plain PyTorch DDP loop of `ddp_paths.py` (DataLoader, `DistributedDataParallel`, Adam);
 - bare: `Trainer(strategy="ddp")` with no logger, no callbacks, no progress bar, no checkpoints;
@@ -37,6 +37,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from app.command_line.train_cli import BATCH_HOOKS  # noqa: E402
 from benchmarks.ddp_paths import run_torchrun  # noqa: E402
 from models import ImageClassifier  # noqa: E402
 
@@ -61,6 +62,9 @@ class StepClock(Callback):
 
     def __init__(self, warmup: int) -> None:
         self.warmup, self.batches, self.start, self.seconds, self.steps = warmup, 0, 0.0, 0.0, 0
+        for hook in BATCH_HOOKS:  # the clock's empty hooks are called in no loop, the bare one included
+            if getattr(type(self), hook) is getattr(Callback, hook):
+                setattr(self, hook, None)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.batches == self.warmup:
@@ -80,7 +84,8 @@ class CallEveryHook(Callback):
     (`train_cli._skip_empty_batch_hooks`): Lightning calls every callback at every hook again."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        for callback in trainer.callbacks:
+        instruments = ("StepClock", "CallEveryHook")  # by name: this file runs as `__main__` too
+        for callback in (callback for callback in trainer.callbacks if type(callback).__name__ not in instruments):
             for hook in [name for name, value in vars(callback).items() if value is None and name.startswith("on_")]:
                 delattr(callback, hook)
 

@@ -88,7 +88,14 @@ def test_a_fit_calls_no_callback_that_has_nothing_to_do(data_dir, tmp_path, opti
         if name in by_name and hook in BATCH_HOOKS and getattr(type(by_name[name]), hook) is getattr(Callback, hook)
     ]
     assert not empty, empty
-    assert any(hook == "on_train_batch_end" for name, _, hook in called if name in by_name)  # the profiler saw them
+    training_hooks = ("on_train_batch_start", "on_train_batch_end")
+    overridden = {  # and every callback that has work to do at a training batch is called there
+        f"[Callback]{callback.state_key}.{hook}"
+        for callback in callbacks
+        for hook in training_hooks
+        if getattr(type(callback), hook) is not getattr(Callback, hook)
+    }
+    assert overridden and overridden <= set(trainer.profiler.recorded_durations), overridden
     bars = [callback for callback in callbacks if isinstance(callback, ProgressBar)]
     assert [bar.refresh_rate for bar in bars] == ([refresh_rate] if refresh_rate else [])
     assert sum(isinstance(callback, ModelCheckpoint) for callback in callbacks) == checkpoints
