@@ -37,7 +37,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.command_line.train_cli import BATCH_HOOKS  # noqa: E402
+from app.command_line.train_cli import skip_empty_batch_hooks  # noqa: E402
 from benchmarks.ddp_paths import run_torchrun  # noqa: E402
 from models import ImageClassifier  # noqa: E402
 
@@ -62,9 +62,7 @@ class StepClock(Callback):
 
     def __init__(self, warmup: int) -> None:
         self.warmup, self.batches, self.start, self.seconds, self.steps = warmup, 0, 0.0, 0.0, 0
-        for hook in BATCH_HOOKS:  # the clock's empty hooks are called in no loop, the bare one included
-            if getattr(type(self), hook) is getattr(Callback, hook):
-                setattr(self, hook, None)
+        skip_empty_batch_hooks([self])  # the clock's empty hooks are called in no loop, the bare one included
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.batches == self.warmup:
@@ -81,7 +79,7 @@ class StepClock(Callback):
 
 class CallEveryHook(Callback):
     """train.py's Trainer as it was before it skipped the hooks of a batch that a callback leaves empty
-    (`train_cli._skip_empty_batch_hooks`): Lightning calls every callback at every hook again."""
+    (`train_cli.skip_empty_batch_hooks`): Lightning calls every callback at every hook again."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         instruments = ("StepClock", "CallEveryHook")  # by name: this file runs as `__main__` too

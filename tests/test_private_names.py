@@ -18,7 +18,7 @@ The names, and where this program uses them:
   app/run/checkpoints.py, app/run/export.py
 - `procs` of the private `_SubprocessScriptLauncher`: app/command_line/train_cli.py (for app/main.py)
 - no name, but a behaviour of the private `lightning.pytorch.trainer.call._call_callback_hooks`: it skips a callback's
-  hook that is not callable (`_skip_empty_batch_hooks` in app/command_line/train_cli.py); pinned by
+  hook that is not callable (`skip_empty_batch_hooks` in app/command_line/train_cli.py); pinned by
   tests/test_speed.py::test_a_fit_calls_no_callback_that_has_nothing_to_do
 Each test is in-process and takes well under a second or two.
 """

@@ -354,7 +354,7 @@ class TrainCLI(LightningCLI):
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         if trainer_config["enable_model_summary"] is False:  # Lightning turns off its own summary only
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, NetworkSummary)]
-        _skip_empty_batch_hooks(trainer.callbacks)
+        skip_empty_batch_hooks(trainer.callbacks)
         return trainer
 
     def continue_command(self) -> str:
@@ -608,7 +608,7 @@ class TrainCLI(LightningCLI):
         rank_zero_info("\n".join(lines))
 
 
-def _skip_empty_batch_hooks(callbacks: list[Callback]) -> None:
+def skip_empty_batch_hooks(callbacks: list[Callback]) -> None:
     """Lightning calls every callback at each hook of every batch, one whose hook is `Callback`'s empty one too: 1.4 us
     a call on the development VM, 2.9 for a `ModelCheckpoint`, whose name for the profiler is made anew each time
     (benchmarks/host_step.py). It skips a hook that is not callable: such a hook is set to None on the callback

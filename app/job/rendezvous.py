@@ -11,7 +11,7 @@ import torch.distributed as dist
 from lightning.pytorch import Trainer
 
 from app.job.children import ctrl_c_ends_at_once
-from app.job.process_group import under_torchrun
+from app.job.process_group import have_met, under_torchrun
 from app.job.watch import watch
 
 FIRST_NOTICE_S = 10  # the first "has waited" line, then one every NOTICE_EVERY_S
@@ -39,7 +39,7 @@ class Meeting:
         meeting = announce_rendezvous(trainer.world_size, trainer.num_nodes, trainer.node_rank, trainer.local_rank)
         with ctrl_c_ends_at_once(), meeting:
             self.set_up()
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if have_met() and dist.get_world_size() > 1:
             self.after()
 
 
@@ -51,7 +51,7 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     started or was started with another MASTER_PORT. Under torchrun the agents met before they started the
     processes: nothing to say.
     """
-    if world_size == 1 or local_rank != 0 or dist.is_initialized() or under_torchrun():
+    if world_size == 1 or local_rank != 0 or have_met() or under_torchrun():
         yield
         return
     started = time.monotonic()
