@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_train, scalars
+from tests.helpers import run_in_process, scalars
 from tests.synthetic import write_dataset
 
 # One thread per process: the suite runs three workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
@@ -86,7 +86,7 @@ def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     root = tmp_path_factory.mktemp("runs")
     common = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
     argv = ("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200")
-    result = run_train(*common, *argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root))
+    result = run_in_process(*common, *argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root))
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (root / "SeqNet-mnist").iterdir()
     best = next(path for path in (run / "checkpoints").iterdir() if path.name != "last.ckpt")

@@ -5,6 +5,7 @@ import contextlib
 import errno
 import io
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -121,6 +122,41 @@ def run_train(*args: str, timeout: float = 240, env: dict[str, str] | None = Non
                 os.killpg(process.pid, signal.SIGKILL)
         assert not left, f"train.py {' '.join(args)}\nleft behind:\n{left}{stderr.read_text()[-3000:]}"
         return Run(process.exitcode, stdout.read_text(), stderr.read_text(), process.pid)
+
+
+# The loggers to which Lightning and torchmetrics give a handler of their own, holding the standard error of the moment
+# they were imported: `run_in_process` points them at its capture.
+LIBRARY_LOGGERS = ("lightning", "lightning.fabric", "lightning.pytorch", "torchmetrics")
+
+
+def run_in_process(*args: str) -> Run:
+    """Run `train.py ARGS` in this process (`app.main.run`), capturing what it prints, Lightning's log lines too, for
+    a one-process test of a run's folder, checkpoints or settings. What the command changes of the process (the
+    environment, signal handlers, torch's random and deterministic settings) is put back. Not for several processes
+    (data-loading workers included), a stop by a signal, warnings (pytest records them), or what is read at import:
+    those start `python train.py` (`run_train`)."""
+    from app.main import run  # noqa: PLC0415 (the program, imported by the tests that run it)
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    loggers = map(logging.getLogger, LIBRARY_LOGGERS)
+    handlers = {handler for logger in loggers for handler in logger.handlers if type(handler) is logging.StreamHandler}
+    streams = {handler: handler.setStream(stderr) for handler in handlers}
+    environment = dict(os.environ)  # Lightning's launcher sets MASTER_PORT, LOCAL_RANK, ... for its processes
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    os.environ.update(NO_NETWORK)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), torch.random.fork_rng([]):
+            status, _met = run(list(args))
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+        torch.use_deterministic_algorithms(deterministic)
+        for signum, handler in signals.items():
+            signal.signal(signum, handler)
+        for handler, stream in streams.items():
+            handler.setStream(stream)
+    return Run(status, stdout.getvalue(), stderr.getvalue(), os.getpid())
 
 
 def start_train(
@@ -540,7 +576,7 @@ class MoreEpochsOnRank(Callback):
 
 class NoSpaceAfterEpoch(Callback):
     """Test instrument: from the end of epoch `epoch`, every write that reaches `os.fsync` in this process fails with
-    ENOSPC, as on a full disk (for machines where the tests cannot mount a small file system)."""
+    ENOSPC, as on a full disk (for machines where the tests cannot mount a small file system). Real runs only."""
 
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
@@ -610,6 +646,9 @@ class RecordDurableWrites(Callback):
         os.fsync, os.replace = self.originals
         if trainer.global_rank == 0:
             (Path(trainer.default_root_dir) / "durable_writes.json").write_text(json.dumps(self.events))
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        os.fsync, os.replace = self.originals  # a run in the test's process (`run_in_process`) leaves them as found
 
 
 class SendsAtExit(Callback):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from app.run.checkpoints import AtomicCheckpointIO
-from tests.helpers import run_train, small_run
+from tests.helpers import run_in_process, small_run
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -47,6 +47,6 @@ def test_a_run_writes_its_checkpoints_atomically_unless_a_checkpoint_writer_is_g
     data_dir, tmp_path, plugins, writer
 ):
     record = ("--trainer.callbacks+=tests.helpers.RecordCheckpointIO", "--trainer.callbacks.path", str(tmp_path / "io"))
-    result = run_train("fit", *small_run(data_dir, tmp_path, *plugins, *record, "--trainer.max_steps", "1"))
+    result = run_in_process("fit", *small_run(data_dir, tmp_path, *plugins, *record, "--trainer.max_steps", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "io").read_text() == writer

@@ -14,7 +14,7 @@ import yaml
 
 from app.invocation import train_py
 from app.main import main, parse_command
-from tests.helpers import ends_in_error, run_command, run_train, small_run
+from tests.helpers import ends_in_error, run_command, run_in_process, run_train, small_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -232,8 +232,9 @@ def test_runs_without_a_logger(data_dir, tmp_path):
 @pytest.mark.slow
 def test_a_second_run_into_the_same_folder_gets_its_own_version(data_dir, tmp_path):
     argv = ("--data.data_dir", str(data_dir), "--data.val_size", "200", "--trainer.max_epochs", "1")
+    argv += ("--trainer.accelerator", "cpu", "--devices", "1")  # one process: this one (`run_in_process`)
     for _ in range(2):
-        result = run_train(*argv, "--trainer.default_root_dir", str(tmp_path), timeout=120)
+        result = run_in_process(*argv, "--trainer.default_root_dir", str(tmp_path))
         assert result.returncode == 0, result.stderr[-2000:]
     versions = sorted(p.name for p in (tmp_path / "SeqNet-fashion_mnist").iterdir())
     assert versions == ["version_0", "version_1"]

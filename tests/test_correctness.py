@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from app.main import main
-from tests.helpers import ends_in_error, max_difference, run_train, scalars
+from tests.helpers import ends_in_error, max_difference, run_in_process, run_train, scalars
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -36,7 +36,9 @@ def train(data_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         key = (model, str(devices), str(batch_size), *extra, str(repeat))
         if key not in done:
             root = tmp_path_factory.mktemp("fit")
-            result = run_train(
+            one_process = devices == 1 and "--data.num_workers" not in extra  # runs in this one
+            runner = run_in_process if one_process else run_train
+            result = runner(
                 *COMMON,
                 *("--model", model, "--data.data_dir", str(data_dir), "--data.batch_size", str(batch_size)),
                 *("--devices", str(devices), "--trainer.default_root_dir", str(root), *extra),

@@ -20,7 +20,7 @@ import torch
 from app.command_line.errors import PEER_LOST_MESSAGE, blame_option
 from app.command_line.speaking import short_traceback
 from app.main import main
-from tests.helpers import ends_in_error, run_command, run_train, scalars, small_run
+from tests.helpers import ends_in_error, run_command, run_in_process, run_train, scalars, small_run
 from tests.synthetic import write_idx
 
 # Two processes, unless a test says otherwise.
@@ -206,7 +206,7 @@ def test_every_error_keeps_its_traceback_with_train_traceback_1(data_dir, tmp_pa
     result = run_train(*args, timeout=120, env={"TRAIN_TRACEBACK": "1"})
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr and "ValueError: Invalid learning rate" in result.stderr
-    plain = run_train(*args, timeout=120)
+    plain = run_in_process(*args)
     assert "TRAIN_TRACEBACK=1" in assert_one_error_line(plain, "--model.optimizer.lr -1.0")
 
 
@@ -524,7 +524,7 @@ def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
 
 def test_checkpoints_reach_the_disk_before_and_after_their_rename(data_dir, tmp_path):
     argv = one_run(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.RecordDurableWrites", devices=1)
-    result = run_train("fit", *argv, timeout=120)
+    result = run_in_process("fit", *argv)
     assert result.returncode == 0, result.stderr[-3000:]
     events = json.loads((tmp_path / "durable_writes.json").read_text())
     folder = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints"

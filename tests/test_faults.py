@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import TRAIN_SIZE
-from tests.helpers import SMALL_RUN, max_difference, run_train, scalars, small_run
+from tests.helpers import SMALL_RUN, max_difference, run_in_process, run_train, scalars, small_run
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -52,15 +52,20 @@ def uninterrupted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 # 1. A stop keeps the step it was at, and the run continues from the next sample
 
 RECORD = "--trainer.callbacks+=tests.helpers.RecordTrainSamples"
+WORKER = ("--data.num_workers", "1")
 
 
 @pytest.fixture(scope="module")
 def stopped(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-process run whose rank 1 got SIGTERM after step 13: every rank stopped after step 16 (checks every 4
-    steps), in the middle of epoch 1, and saved it. Each test continues a copy of it."""
+    steps), in the middle of epoch 1, and saved it. Each test continues a copy of it.
+
+    With one data-loading worker per process: the loader asks for batches ahead as soon as it is made, which on
+    resume is before Lightning sets the continued epoch, so the position must bring its epoch along. The batches are
+    those of the run without workers (`uninterrupted`)."""
     root = tmp_path_factory.mktemp("stopped")
     sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.rank", "1")
-    result = run_train("fit", *argv(data_dir, root, RECORD, *sigterm, "--trainer.callbacks.step", "13"))
+    result = run_train("fit", *argv(data_dir, root, RECORD, *WORKER, *sigterm, "--trainer.callbacks.step", "13"))
     assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     output = result.stdout + result.stderr
@@ -78,7 +83,7 @@ def copy_of(stopped: Path, tmp_path: Path) -> Path:
 
 def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path, stopped, uninterrupted):
     root = copy_of(stopped, tmp_path)
-    resumed = run_train("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last"))
+    resumed = run_train("fit", *argv(data_dir, root, RECORD, *WORKER, "--ckpt_path", "last"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "dataloader is not resumable" not in resumed.stderr  # Lightning's warning for a mid-epoch checkpoint
     before, after = samples_of_epoch(root, 1, 2, "_stopped"), samples_of_epoch(root, 1, 2)
@@ -110,20 +115,6 @@ def test_a_stop_inside_an_accumulated_step_continues_to_the_weights_of_a_run_nev
     assert max_difference(final["state_dict"], expected["state_dict"]) < 1e-4
 
 
-def test_a_stop_continues_exactly_with_dataloader_workers_too(data_dir, tmp_path, uninterrupted):
-    """With a worker process each, the loader asks for batches ahead as soon as it is made, which on resume is
-    before Lightning sets the continued epoch: the position must bring its epoch along."""
-    worker = ("--data.num_workers", "1")
-    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "13")
-    stopped = run_train("fit", *argv(data_dir, tmp_path, *worker, *sigterm))
-    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
-    resumed = run_train("fit", *argv(data_dir, tmp_path, *worker, "--ckpt_path", "last"))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (
-        max_difference(last_checkpoint(tmp_path)["state_dict"], uninterrupted["state_dict"]) == 0
-    )  # the same batches as without workers
-
-
 def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_epoch_end(data_dir, tmp_path):
     """Lightning's own handler broadcasts from inside the signal handler; here it met the other rank's metric sync
     and both waited for each other until the 30-minute timeout (so this run would outlast `timeout`)."""
@@ -151,7 +142,8 @@ def test_a_stopped_run_continues_on_another_number_of_processes_with_the_same_gl
     data_dir, tmp_path, stopped, uninterrupted, devices
 ):
     root = copy_of(stopped, tmp_path)
-    resumed = run_train("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last", devices=devices))
+    runner = run_in_process if devices == 1 else run_train  # a run of one process runs in this one
+    resumed = runner("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last", devices=devices))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     output = resumed.stdout + resumed.stderr
     per_device = 100 // devices
@@ -230,6 +222,6 @@ def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_last_checkpoint(data
 
     # A save that a SIGKILL or a power cut interrupted leaves a partial file; the next run removes it.
     (folder / ".last.ckpt.partial").write_bytes(b"the first bytes of a checkpoint")
-    resumed = run_train("fit", *args[: -len(fill) or None], "--ckpt_path", "last", "--trainer.max_epochs", "1")
+    resumed = run_in_process("fit", *args[: -len(fill) or None], "--ckpt_path", "last", "--trainer.max_epochs", "1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]

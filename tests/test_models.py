@@ -15,7 +15,7 @@ from datamodules import MNISTDataModule
 from datamodules.mnist import DATASETS
 from models import ConvNet, SeqNet
 from models.base import NormalisationUnknown
-from tests.helpers import REPO, run_train, small_run
+from tests.helpers import REPO, run_in_process, run_train, small_run
 from tests.synthetic import read_idx_images, read_idx_labels
 
 
@@ -100,7 +100,7 @@ def test_testing_a_checkpoint_from_the_command_line_normalises_with_the_checkpoi
     images, labels = synthetic_test_set(data_dir)
     model = SeqNet.load_from_checkpoint(best, map_location="cpu").eval()
     expected_loss = F.cross_entropy(by_hand(model, images), labels).item()
-    result = run_train(
+    result = run_in_process(
         "test", "--ckpt_path", str(best), "--data.data_dir", str(data_dir), "--trainer.accelerator", "cpu"
     )
     assert result.returncode == 0, result.stderr[-3000:]

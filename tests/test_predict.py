@@ -13,15 +13,17 @@ from PIL import Image, ImageDraw, ImageOps
 from datamodules.images import mnist_pixels
 from models import SeqNet
 from tests.conftest import TEST_SIZE
-from tests.helpers import run_train
+from tests.helpers import run_in_process, run_train
 from tests.synthetic import read_idx_images
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
 
 
 def predict(checkpoint: Path, output: Path, *args: str, devices: int = 1):
+    """`train.py predict` of the checkpoint into `output`: in this process on one device (`run_in_process`)."""
     argv = ("predict", "--ckpt_path", str(checkpoint), "--devices", str(devices), "--predictions.path", str(output))
-    return run_train(*argv, *COMMON, "--trainer.default_root_dir", str(output.parent / "runs"), *args)
+    argv += (*COMMON, "--trainer.default_root_dir", str(output.parent / "runs"), *args)
+    return run_in_process(*argv) if devices == 1 else run_train(*argv)
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

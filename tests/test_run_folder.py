@@ -1,5 +1,6 @@
 """A run's life, as a researcher lives it: runs started at once, continued, extended, changed, predicted twice, with
-nothing lost or mixed up (real runs of train.py on CPU, and the folder mechanism in-process)."""
+nothing lost or mixed up. Runs of one process run in the test's process (`run_in_process`); runs that are about
+processes (several at once, a stop by a signal) and those of a model of the tests' own are real runs of train.py."""
 
 import hashlib
 import multiprocessing
@@ -20,9 +21,9 @@ import yaml
 from app.errors import UserError
 from app.run.continuation import changes_between
 from app.run.folder import RunFolder, read_record, write_record
-from tests.helpers import REPO, Run, TrainJob, run_train, small_run
+from tests.helpers import REPO, Run, TrainJob, run_in_process, run_train, small_run
 
-TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width
+TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width (real runs only)
 
 
 def one_process(data_dir: Path, root: Path, *args: str, **settings) -> list[str]:
@@ -114,17 +115,27 @@ def test_three_runs_started_at_once_in_one_folder_get_three_folders_each_with_it
 
 @pytest.fixture(scope="module")
 def adadelta_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A TinyNet trained for one epoch with Adadelta and a constant learning rate, as the CNN tutorial does."""
+    """A SeqNet trained for one epoch with Adadelta and a constant learning rate, as the CNN tutorial does."""
     root = tmp_path_factory.mktemp("adadelta")
     recipe = ("--model.optimizer", "Adadelta", "--model.optimizer.lr", "0.5", "--model.one_cycle", "false")
-    result = run_train("fit", *one_process(data_dir, root, *TINY, *recipe))
+    result = run_in_process("fit", *one_process(data_dir, root, *recipe))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TinyNet, a model with a setting of its own (`--model.width 8`), trained for one epoch."""
+    root = tmp_path_factory.mktemp("tiny")
+    result = run_train("fit", *one_process(data_dir, root, *TINY))
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
 
 def copy_of(root: Path, tmp_path: Path) -> Path:
     shutil.copytree(root, tmp_path, dirs_exist_ok=True)
-    return tmp_path / "TinyNet-mnist" / "version_0"
+    (run,) = (folder / "version_0" for folder in tmp_path.glob("*-mnist"))
+    return run
 
 
 def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_folder(data_dir, tmp_path, adadelta_run):
@@ -133,7 +144,7 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
     # The README's second line: the model and the dataset named, the optimizer left to its default (Adam), and more
     # epochs: Adam cannot take Adadelta's state (KeyError: 'betas' before), so it starts afresh.
     args = ("--model.optimizer", "Adam", "--trainer.max_epochs", "2", "--ckpt_path", "last")
-    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *args))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *args))
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     said = [line for line in output.splitlines() if line.startswith("--ckpt_path last: continuing")]
@@ -152,14 +163,14 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
     assert "exp_avg" in final["optimizer_states"][0]["state"][0]  # Adam's state now
     # Another learning rate (Adam took Adadelta's 0.5): Adam keeps its moments, and trains with the new rate.
     args = ("--model.optimizer.lr", "0.02", "--trainer.max_epochs", "3", "--ckpt_path", "last")
-    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *args))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *args))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "changed: --trainer.max_epochs 2 -> 3, --model.optimizer.lr 0.5 -> 0.02." in result.stderr
     assert "Continuing at step 40: Adam keeps its state and takes the command's settings" in result.stderr
     assert last_checkpoint(run)["optimizer_states"][0]["param_groups"][0]["lr"] == 0.02
     # A switch that shapes the state (AMSGrad keeps one more moment): a KeyError before; now Adam starts afresh.
     args = ("--model.optimizer.amsgrad", "true", "--trainer.max_epochs", "4", "--ckpt_path", "last")
-    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *args))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *args))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Continuing at step 60: Adam starts afresh (the checkpoint's state does not fit it)" in result.stderr
     assert "max_exp_avg_sq" in last_checkpoint(run)["optimizer_states"][0]["state"][0]
@@ -168,11 +179,13 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
 def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_second_continuation_keeps_it(
     data_dir, tmp_path
 ):
-    result = run_train("fit", *one_process(data_dir, tmp_path, max_epochs=1))  # 20 steps of 50 samples
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, max_epochs=1))  # 20 steps of 50 samples
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "SeqNet-mnist" / "version_0"
     # Two more epochs, of 40 steps of 25 samples: "Tried to step 21 times" before.
-    extended = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=3, batch_size=25))
+    extended = run_in_process(
+        "fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=3, batch_size=25)
+    )
     assert extended.returncode == 0, extended.stderr[-3000:]
     output = extended.stdout + extended.stderr
     assert "changed: --trainer.max_epochs 1 -> 3, --data.batch_size 50 -> 25." in output
@@ -184,7 +197,9 @@ def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_secon
     assert final["global_step"] == schedule["total_steps"] == schedule["last_epoch"] == 100  # the cycle, whole
     assert group["lr"] < group["max_lr"] / 1000  # annealed to its end
     # Continued again, unchanged: the run's newest settings (3 epochs) are the defaults; nothing is said changed.
-    again = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=None, batch_size=None))
+    again = run_in_process(
+        "fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=None, batch_size=None)
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"--ckpt_path last: continuing {run}, from checkpoints/last.ckpt (step 100, epoch 2)." in again.stderr
     assert sorted(path.name for path in run.glob("config*.yaml")) == [
@@ -194,8 +209,8 @@ def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_secon
     ]
 
 
-def test_a_changed_model_setting_is_named_in_one_line_and_the_run_stays_as_it_was(data_dir, tmp_path, adadelta_run):
-    run = copy_of(adadelta_run, tmp_path)
+def test_a_changed_model_setting_is_named_in_one_line_and_the_run_stays_as_it_was(data_dir, tmp_path, tiny_run):
+    run = copy_of(tiny_run, tmp_path)
     before = folder_hashes(run)
     result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, "--model.width", "16", "--ckpt_path", "last"))
     line = one_error_line(result)
@@ -229,10 +244,10 @@ def test_a_mistake_found_once_the_processes_met_leaves_no_folder_and_the_run_as_
     run = copy_of(adadelta_run, tmp_path)
     before = folder_hashes(run)
     mistake = ("--model.optimizer.lr", "-1")  # torch refuses it when the optimizer is made, after the meeting
-    continued = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *mistake, "--ckpt_path", "last"))
+    continued = run_in_process("fit", *one_process(data_dir, tmp_path, *mistake, "--ckpt_path", "last"))
     assert one_error_line(continued).startswith("error: --model.optimizer.lr -1.0: Invalid learning rate: -1.0.")
     assert folder_hashes(run) == before  # no record that the next continuation would take as the run's settings
-    new = run_train("fit", *one_process(data_dir, tmp_path / "new", *mistake))
+    new = run_in_process("fit", *one_process(data_dir, tmp_path / "new", *mistake))
     assert one_error_line(new).startswith("error: --model.optimizer.lr -1.0: Invalid learning rate: -1.0.")
     assert not list((tmp_path / "new").rglob("version_*"))  # a run that never trained leaves no folder
 
@@ -243,7 +258,7 @@ def test_a_run_stopped_in_an_epoch_finishes_it_with_batches_of_the_same_size(dat
     assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
     run = tmp_path / "SeqNet-mnist" / "version_0"
     before = folder_hashes(run)
-    smaller = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", batch_size=25))
+    smaller = run_in_process("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", batch_size=25))
     assert one_error_line(smaller) == (
         "error: the run stopped in the middle of epoch 0, whose batches took 50 samples over all processes; it"
         " finishes that epoch with batches of as many (25 x 1 now). Finish it first (--trainer.max_epochs 1, with"
@@ -252,7 +267,7 @@ def test_a_run_stopped_in_an_epoch_finishes_it_with_batches_of_the_same_size(dat
     assert folder_hashes(run) == before
     # Accumulating two batches per step keeps the batches: the epoch goes on, the schedule ends with the run.
     more = ("--ckpt_path", "last", "--trainer.accumulate_grad_batches", "2")
-    continued = run_train("fit", *one_process(data_dir, tmp_path, *more, max_epochs=2))
+    continued = run_in_process("fit", *one_process(data_dir, tmp_path, *more, max_epochs=2))
     assert continued.returncode == 0, continued.stderr[-3000:]
     final = last_checkpoint(run)
     schedule = final["lr_schedulers"][0]
@@ -263,7 +278,7 @@ def test_a_continuation_that_fails_before_its_first_step_leaves_the_run_as_it_wa
     run = copy_of(adadelta_run, tmp_path)
     before = folder_hashes(run)
     fails = ("--trainer.callbacks+=tests.helpers.FailOnRank", "--ckpt_path", "last", "--trainer.max_epochs", "2")
-    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, *fails))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *fails))
     assert result.returncode == 1 and "planned failure on rank 0" in result.stderr, result.stderr[-3000:]
     assert folder_hashes(run) == before  # no record of a continuation that never trained, no event file
 
@@ -278,7 +293,7 @@ def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_
             time.sleep(0.1)
         assert last.exists(), "the first run saved no checkpoint"
         kept = [last, *last.parents[1].glob("config*.yaml"), *last.parents[1].glob("events.out.tfevents.*")]
-        second = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=1000))
+        second = run_in_process("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", max_epochs=1000))
         assert all(path.exists() for path in kept), "the refused process removed files of the run"
     finally:
         first.kill()
@@ -291,8 +306,7 @@ def test_a_run_being_trained_is_not_continued_by_a_second_process(data_dir, tmp_
 def test_a_logger_of_the_users_cannot_continue_a_run_in_its_folder(data_dir, tmp_path, adadelta_run):
     run = copy_of(adadelta_run, tmp_path)
     logger = ("--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "csv"))
-    # A run of its own: TinyNet imported here would be listed among the models of every later test's messages.
-    result = run_train("fit", *one_process(data_dir, tmp_path, *TINY, "--ckpt_path", "last", *logger))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last", *logger))
     assert one_error_line(result) == (
         f"error: --ckpt_path last continues {run} in its folder, where --trainer.logger would not write: leave"
         " --trainer.logger out to continue the run, or start a new run from its weights with --ckpt_path"
@@ -336,7 +350,7 @@ def test_two_predicts_of_one_checkpoint_keep_both_and_an_explicit_file_is_never_
     argv += ("--trainer.accelerator", "cpu")
     written = []
     for _ in range(2):
-        result = run_train(*argv)
+        result = run_in_process(*argv)
         assert result.returncode == 0, result.stderr[-3000:]
         last_line = (result.stdout + result.stderr).strip().splitlines()[-1]
         assert last_line.startswith("Predictions: ")
@@ -345,7 +359,7 @@ def test_two_predicts_of_one_checkpoint_keep_both_and_an_explicit_file_is_never_
     assert written[0].read_bytes() == written[1].read_bytes()  # the first is still there, whole
     mine = tmp_path / "mine.csv"
     mine.write_text("an earlier file\n")
-    refused = run_train(*argv, "--predictions.path", str(mine))
+    refused = run_in_process(*argv, "--predictions.path", str(mine))
     assert one_error_line(refused).startswith(f"error: --predictions.path {mine}: {mine} exists already")
     assert mine.read_text() == "an earlier file\n"
 
@@ -356,7 +370,7 @@ def test_a_test_with_an_explicit_root_writes_there_and_each_test_has_a_folder_of
     best, _ = checkpoint
     argv = ("test", "--ckpt_path", str(best), "--data.data_dir", str(data_dir), "--trainer.accelerator", "cpu")
     for n in (0, 1):
-        result = run_train(*argv, "--trainer.default_root_dir", str(tmp_path / "eval"))
+        result = run_in_process(*argv, "--trainer.default_root_dir", str(tmp_path / "eval"))
         assert result.returncode == 0, result.stderr[-3000:]
         last_line = (result.stdout + result.stderr).strip().splitlines()[-1]
         assert last_line == f"Logs: {tmp_path / 'eval' / 'SeqNet-mnist' / 'test' / f'version_{n}'}"
@@ -366,12 +380,12 @@ def test_a_test_with_an_explicit_root_writes_there_and_each_test_has_a_folder_of
 
 
 def test_an_open_ended_run_trains_until_its_step_limit_and_says_what_its_learning_rate_does(data_dir, tmp_path):
-    result = run_train("fit", *one_process(data_dir, tmp_path, "--trainer.max_steps", "15", max_epochs=-1))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, "--trainer.max_steps", "15", max_epochs=-1))
     assert result.returncode == 0, result.stderr[-3000:]  # one-cycle over the 15 steps
     assert last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["global_step"] == 15
     # Continued with no end in steps: the annealed one-cycle rate gives way to the command's, constant.
     endless = ("--ckpt_path", "last", "--trainer.max_steps", "-1", "--trainer.max_time", "00:00:00:03")
-    endless = run_train("fit", *one_process(data_dir, tmp_path, *endless, max_epochs=-1))
+    endless = run_in_process("fit", *one_process(data_dir, tmp_path, *endless, max_epochs=-1))
     assert endless.returncode == 0, endless.stderr[-3000:]
     assert (
         "Continuing at step 15: Adam keeps its state and takes the command's settings; no learning-rate schedule"
@@ -416,7 +430,7 @@ def test_a_damaged_record_is_one_line_naming_the_file(checkpoint, tmp_path, data
     shutil.copytree(best.parents[1], run, ignore=shutil.ignore_patterns("test", "predict", "validate"))
     (run / "config.yaml").write_text("model:\n  class_path: models.SeqNet\n  init_args: {optimi")  # cut short
     before = folder_hashes(run)
-    result = run_train("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last"))
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, "--ckpt_path", "last"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"error: {run / 'config.yaml'} is damaged ("), last_line

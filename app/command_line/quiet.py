@@ -32,6 +32,9 @@ LIGHTNING_NOISE = (
     "Restored all states from the checkpoint at",  # (`--ckpt_path ...: continuing ...`) or the summary names it
     "Loaded model weights from the checkpoint at",
 )
+# One instance each, which `addFilter` adds once however many commands a process runs (a notebook's)
+_NOISE = _DropLines(*LIGHTNING_NOISE)
+_ONE_MEMBER = _DropLines("MEMBER: 1/1", at_end=True)  # "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/1"
 
 
 def silence_noise(subcommand: str | None) -> None:
@@ -45,9 +48,9 @@ def silence_noise(subcommand: str | None) -> None:
     if subcommand in ("validate", "test", "predict"):
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_DropLines(*LIGHTNING_NOISE))
-    # "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/1": a job of one process has nothing to initialise.
-    logging.getLogger("lightning.fabric.utilities.distributed").addFilter(_DropLines("MEMBER: 1/1", at_end=True))
+        logging.getLogger(name).addFilter(_NOISE)
+    # A job of one process has nothing to initialise.
+    logging.getLogger("lightning.fabric.utilities.distributed").addFilter(_ONE_MEMBER)
 
 
 # What nanobind prints after the interpreter has shut down about objects never freed, and nothing else.

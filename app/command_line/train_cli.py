@@ -120,23 +120,27 @@ class TrainCLI(LightningCLI):
         self.start: Start | None = None  # what --ckpt_path starts from (app/run/continuation.py)
         self.run: RunFolder | None = None  # the folder this command writes into (app/run/folder.py)
         self.shape: LauncherShape | None = None  # what torchrun, SLURM or a PyTorchJob started (launcher_shape.py)
-        super().__init__(
-            model_class=ImageClassifier,
-            subclass_mode_model=True,
-            datamodule_class=MNISTDataModule,
-            trainer_class=Trainer,  # whole numbers of batches read as batches (app/command_line/trainer.py)
-            trainer_defaults=trainer_defaults(),
-            seed_everything_default=42,
-            auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
-            save_config_callback=RunRecord,
-            parser_kwargs={
-                "allow_abbrev": False,  # `--trainer.max_epoch` is not taken for `--trainer.max_epochs`
-                "exit_on_error": False,
-                "description": DESCRIPTION.format(train=train_py(), models=", ".join(model_names())),
-                "formatter_class": HelpFormatter,
-            },
-            args=args,
-        )
+        try:
+            super().__init__(
+                model_class=ImageClassifier,
+                subclass_mode_model=True,
+                datamodule_class=MNISTDataModule,
+                trainer_class=Trainer,  # whole numbers of batches read as batches (app/command_line/trainer.py)
+                trainer_defaults=trainer_defaults(),
+                seed_everything_default=42,
+                auto_configure_optimizers=False,  # the models take their optimizer as a constructor argument
+                save_config_callback=RunRecord,
+                parser_kwargs={
+                    "allow_abbrev": False,  # `--trainer.max_epoch` is not taken for `--trainer.max_epochs`
+                    "exit_on_error": False,
+                    "description": DESCRIPTION.format(train=train_py(), models=", ".join(model_names())),
+                    "formatter_class": HelpFormatter,
+                },
+                args=args,
+            )
+        finally:
+            if self.run is not None:  # let go of the run for a later command of this process (a notebook's)
+                self.run.release()
 
     def subcommands(self) -> dict[str, set[str]]:
         """Only the subcommand asked for (all when none is named): LightningCLI builds a parser for each, in every

@@ -1,5 +1,5 @@
 """A run's folder: `<root>/<Model>-<dataset>/version_N`, claimed with `mkdir` (which one process wins), locked with
-`flock` while the run lives, found again to continue it (docs/run-folder.md)."""
+`flock` while the command that writes into it runs, found again to continue it (docs/run-folder.md)."""
 
 import contextlib
 import errno
@@ -107,8 +107,15 @@ class RunFolder(Callback):
             else:
                 path.unlink()
 
+    def release(self) -> None:
+        """Let go of the run's lock when the command ends (a process that ends lets go of it too): a later command of
+        the same process, in a notebook or a test, may then continue the run."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
     def _hold(self) -> bool:
-        """Lock the folder while this process lives; False when another holds it (no locking: taken as unlocked)."""
+        """Lock the folder until `release`; False when another holds it (no locking: taken as unlocked)."""
         descriptor = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,7 +123,7 @@ class RunFolder(Callback):
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 os.close(descriptor)
                 return False
-        self._lock = descriptor  # closed, and so released, when the process ends
+        self._lock = descriptor
         return True
 
 
