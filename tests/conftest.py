@@ -1,13 +1,12 @@
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import run_in_process, scalars
+from tests.helpers import run_in_process, scalars, signal_handlers_and_environment_kept
 from tests.synthetic import write_dataset
 
 # One thread per process: the suite runs three workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
@@ -57,27 +56,17 @@ def temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def restore_signal_handlers():
-    """Put this process's signal handlers back after each test: one ignored here (as Lightning ignores SIGINT after
-    a KeyboardInterrupt) would be inherited by every train.py a later test starts, which Ctrl-C would not stop."""
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+def restore_signal_handlers_and_environment():
+    """Put this process's signal handlers and environment variables back after each test.
 
-
-@pytest.fixture(autouse=True)
-def restore_environment():
-    """Put the environment variables back after each test.
-
-    A test that runs train.py inside this process lets Lightning set MASTER_PORT, NODE_RANK, LOCAL_RANK, ... here.
-    A train.py started later by another test would inherit them, and with LOCAL_RANK set Lightning takes the
-    processes to be started by someone else and waits for ranks that never come.
+    A signal ignored here (as Lightning ignores SIGINT after a KeyboardInterrupt) would be inherited by every
+    train.py a later test starts, which Ctrl-C would not stop. A test that runs train.py inside this process lets
+    Lightning set MASTER_PORT, NODE_RANK, LOCAL_RANK, ... here: a train.py started later by another test would
+    inherit them, and with LOCAL_RANK set Lightning takes the processes to be started by someone else and waits for
+    ranks that never come.
     """
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+    with signal_handlers_and_environment_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

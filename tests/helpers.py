@@ -129,10 +129,25 @@ def run_train(*args: str, timeout: float = 240, env: dict[str, str] | None = Non
 LIBRARY_LOGGERS = ("lightning", "lightning.fabric", "lightning.pytorch", "torchmetrics")
 
 
+@contextlib.contextmanager
+def signal_handlers_and_environment_kept() -> Iterator[None]:
+    """Put back, after the block, this process's handlers of SIGINT, SIGTERM and SIGHUP and its environment
+    variables, which a run of train.py in this process changes."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    environment = dict(os.environ)
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(environment)
+
+
 def run_in_process(*args: str) -> Run:
     """Run `train.py ARGS` in this process (`app.main.run`), capturing what it prints, Lightning's log lines too, for
-    a one-process test of a run's folder, checkpoints or settings. What the command changes of the process (the
-    environment, signal handlers, torch's random and deterministic settings) is put back. Not for several processes
+    a one-process test of a run's folder, checkpoints or settings. What the command changes of the process (signal
+    handlers, the environment, torch's random and deterministic settings) is put back. Not for several processes
     (data-loading workers included), a stop by a signal, warnings (pytest records them), or what is read at import:
     those start `python train.py` (`run_train`)."""
     from app.main import run  # noqa: PLC0415 (the program, imported by the tests that run it)
@@ -141,19 +156,14 @@ def run_in_process(*args: str) -> Run:
     loggers = map(logging.getLogger, LIBRARY_LOGGERS)
     handlers = {handler for logger in loggers for handler in logger.handlers if type(handler) is logging.StreamHandler}
     streams = {handler: handler.setStream(stderr) for handler in handlers}
-    environment = dict(os.environ)  # Lightning's launcher sets MASTER_PORT, LOCAL_RANK, ... for its processes
     deterministic = torch.are_deterministic_algorithms_enabled()
-    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    os.environ.update(NO_NETWORK)
     try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), torch.random.fork_rng([]):
-            status, _met = run(list(args))
+        with signal_handlers_and_environment_kept(), torch.random.fork_rng([]):
+            os.environ.update(NO_NETWORK)
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                status, _met = run(list(args))
     finally:
-        os.environ.clear()
-        os.environ.update(environment)
         torch.use_deterministic_algorithms(deterministic)
-        for signum, handler in signals.items():
-            signal.signal(signum, handler)
         for handler, stream in streams.items():
             handler.setStream(stream)
     return Run(status, stdout.getvalue(), stderr.getvalue(), os.getpid())

@@ -28,20 +28,11 @@ def forms(run: Path, devices: int = 2) -> dict[str, tuple[str, ...]]:
     """Each way of naming the run's last checkpoint, with the options it needs, and the processes it runs on: the
     file on one, the others on `devices`."""
     root = ("--trainer.default_root_dir", str(run.parents[1]))
+    last = ("--ckpt_path", "last", "--model", "SeqNet", "--data.dataset", "mnist")
     return {
         "file": ("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *root, "--devices", "1"),
         "run folder": ("--ckpt_path", str(run), *root, "--devices", str(devices)),
-        "last": (
-            "--ckpt_path",
-            "last",
-            "--model",
-            "SeqNet",
-            "--data.dataset",
-            "mnist",
-            *root,
-            "--devices",
-            str(devices),
-        ),
+        "last": (*last, *root, "--devices", str(devices)),
     }
 
 
