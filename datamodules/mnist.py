@@ -8,11 +8,13 @@ where the model normalises it with the statistics this module names (`mean`, `st
 
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt, register_type
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_warn
@@ -39,6 +41,19 @@ def _file_names(dataset_class: type) -> list[str]:
 
 def _holds_the_files(dataset_class: type, folder: Path) -> bool:
     return all((folder / name).is_file() for name in _file_names(dataset_class))
+
+
+def leave_stops_to_the_training_process(worker_id: int) -> None:
+    """In a DataLoader worker: ignore Ctrl-C, SIGTERM and SIGHUP, which often reach every process of the job at once
+    (a closed terminal, `kill -- -PGID`, SLURM signalling a job step). The training process stops at the step every
+    rank agrees on and ends its workers itself (app/job/fault_guard.py); a worker killed by the signal would end the
+    run first, with torch's "DataLoader worker is killed by signal" and nothing saved. A worker whose training
+    process dies ends by itself (torch's watchdog). Lightning's seeding of workers is kept: it adds its own
+    `worker_init_fn` only to a loader that has none."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id)
 
 
 class DatasetName(str):
@@ -333,6 +348,7 @@ class MNISTDataModule(LightningDataModule):
             collate_fn=already_batched,
             pin_memory=self.hparams.pin_memory and not on_device,
             persistent_workers=self.hparams.num_workers > 0,
+            worker_init_fn=leave_stops_to_the_training_process,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -221,7 +221,7 @@ def test_a_run_of_one_process_says_what_concerns_its_user(data_dir, tmp_path):
 
 def test_runs_without_a_logger(data_dir, tmp_path):
     argv = ("--trainer.logger", "false", "--data.data_dir", str(data_dir), "--data.val_size", "200")
-    result = run_train(*argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path), timeout=120)
+    result = run_in_process(*argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "test/acc" in result.stdout
     assert not list(tmp_path.rglob("events.out.tfevents.*"))

@@ -110,7 +110,7 @@ def test_a_run_killed_in_the_middle_of_an_epoch_resumes_from_its_checkpoint_and_
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 7  # of the first epoch's 20
 
-    resumed = run_train(*argv, "--ckpt_path", "last")
+    resumed = run_in_process(*argv, "--ckpt_path", "last")  # one process: it runs in this one
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"--ckpt_path last: continuing {run_dir}, from checkpoints/last.ckpt (step 7, epoch 0)." in resumed.stderr
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 40

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from app.main import main
-from tests.helpers import run_command, run_train
+from tests.helpers import run_command, run_in_process, run_train
 from tests.synthetic import read_idx_images
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_the_onnxruntime_example_classifies_pictures_as_predict_does(checkpoint,
     assert example.returncode == 0, example.stderr
     output = tmp_path / "predictions.csv"
     argv = ("--ckpt_path", str(best), "--data.predict_dir", str(pictures), "--predictions.path", str(output))
-    predicted = run_train("predict", *argv, "--trainer.accelerator", "cpu", "--trainer.logger", "false")
+    predicted = run_in_process("predict", *argv, "--trainer.accelerator", "cpu", "--trainer.logger", "false")
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     with output.open(newline="") as rows:
         expected = [f"{pictures / row['file']} {row['class_name']}" for row in csv.DictReader(rows)]

@@ -110,8 +110,10 @@ def test_a_truncated_checkpoint_ends_in_one_line_from_a_real_run(checkpoint, dat
 
 @pytest.mark.parametrize("subcommand", ["test", "fit"])
 def test_a_checkpoint_of_another_model_than_model_names_is_refused(checkpoint, data_dir, tmp_path, subcommand):
-    argv = one_run(data_dir, tmp_path, "--model", "ConvNet", "--ckpt_path", str(checkpoint[0]))
-    result = run_train(subcommand, *argv, timeout=120)
+    """A fit of two processes, from a real run; a test of one, in this process."""
+    devices, runner = (2, run_train) if subcommand == "fit" else (1, run_in_process)
+    argv = one_run(data_dir, tmp_path, "--model", "ConvNet", "--ckpt_path", str(checkpoint[0]), devices=devices)
+    result = runner(subcommand, *argv)
     assert_one_error_line(result, "holds a SeqNet, but --model names ConvNet", "leave --model out")
     assert not (tmp_path / "ConvNet-mnist").exists()
 
@@ -347,8 +349,9 @@ def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 @pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
 def test_a_gpu_asked_for_on_a_machine_without_one_is_the_first_and_only_line(data_dir, tmp_path, accelerator):
+    """`gpu` from a real run, `cuda` in this process."""
     args = [arg if arg != "cpu" else accelerator for arg in one_run(data_dir, tmp_path)]
-    result = run_train(*args, timeout=60)
+    result = run_train(*args, timeout=60) if accelerator == "gpu" else run_in_process(*args)
     line = assert_one_error_line(result, f"--trainer.accelerator {accelerator}: this machine has no", "give cpu.")
     assert (result.stdout + result.stderr).strip() == line
     assert "!." not in line and ".." not in line
@@ -475,7 +478,8 @@ def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_c
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_rank_at_one_step_with_status_130_and_says_how_to_continue(data_dir, tmp_path):
-    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", max_epochs=2)
+    """Ctrl-C reaches the DataLoader workers too (a worker each), which leave the stop to their training process."""
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", "--data.num_workers", "1", max_epochs=2)
     ctrl_c = ("--trainer.callbacks+=tests.helpers.CtrlCAfterStep", "--trainer.callbacks.step", "13")
     result = run_train(*argv, *ctrl_c, timeout=120)
     assert result.returncode == -signal.SIGINT, result.stderr[-3000:]  # ended by the signal: 130 in a shell

@@ -56,27 +56,32 @@ WORKER = ("--data.num_workers", "1")
 
 
 @pytest.fixture(scope="module")
-def stopped(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-process run whose rank 1 got SIGTERM after step 13: every rank stopped after step 16 (checks every 4
-    steps), in the middle of epoch 1, and saved it. Each test continues a copy of it.
+def stopped(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A 2-process run that got SIGHUP after step 13, in every process, as a closed terminal or a dropped ssh session
+    sends it: every rank stopped after step 16 (checks every 4 steps), in the middle of epoch 1, and saved it. Each
+    test continues a copy of it; its folder and output.
 
     With one data-loading worker per process: the loader asks for batches ahead as soon as it is made, which on
     resume is before Lightning sets the continued epoch, so the position must bring its epoch along. The batches are
     those of the run without workers (`uninterrupted`)."""
     root = tmp_path_factory.mktemp("stopped")
-    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.rank", "1")
-    result = run_train("fit", *argv(data_dir, root, RECORD, *WORKER, *sigterm, "--trainer.callbacks.step", "13"))
-    assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    output = result.stdout + result.stderr
-    assert "Stopped by SIGTERM in epoch 1, after step 16;" in output
+    hang_up = ("--trainer.callbacks+=tests.helpers.HangUpAfterStep", "--trainer.callbacks.step", "13")
+    result = run_train("fit", *argv(data_dir, root, RECORD, *WORKER, *hang_up))
+    assert result.returncode == -signal.SIGHUP, result.stderr[-3000:]
+    return root, result.stdout + result.stderr
+
+
+def test_a_hang_up_stops_every_rank_at_one_step_saves_it_and_says_how_to_continue(stopped):
+    root, output = stopped
+    assert "Traceback" not in output
+    assert "Stopped by SIGHUP (hang-up) in epoch 1, after step 16;" in output
     continuing = f"train.py fit --ckpt_path {root / CHECKPOINTS.parent} --devices 2"
     assert re.search(rf"holds that step; continue with: \S+ {re.escape(continuing)}$", output, re.MULTILINE), output
-    return root
+    assert last_checkpoint(root)["global_step"] == 16
 
 
-def copy_of(stopped: Path, tmp_path: Path) -> Path:
-    shutil.copytree(stopped, tmp_path, dirs_exist_ok=True)
+def copy_of(stopped: tuple[Path, str], tmp_path: Path) -> Path:
+    shutil.copytree(stopped[0], tmp_path, dirs_exist_ok=True)
     assert last_checkpoint(tmp_path)["global_step"] == 16
     return tmp_path
 
@@ -98,11 +103,12 @@ def test_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_stopped(data_d
 
 def test_a_stop_inside_an_accumulated_step_continues_to_the_weights_of_a_run_never_stopped(data_dir, tmp_path):
     """Plain SGD, 3 batches a step (10 batches an epoch: steps end after batches 3, 6, 9 and 10), a check after
-    every step, SIGTERM after the fifth batch, inside the second step: the stop waits for that step, whose
-    gradients a checkpoint could not hold."""
+    every step, SIGTERM to rank 1 after the fifth batch, inside the second step: the stop waits for that step, whose
+    gradients a checkpoint could not hold. The run never stopped is one process with the same global batch."""
     sgd = ("--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.1", "--model.one_cycle", "false")
     accumulate = ("--trainer.accumulate_grad_batches", "3", "--fault_guard.every_n_steps", "1", *sgd)
-    never_stopped = run_train("fit", *argv(data_dir, tmp_path / "never", *accumulate, max_epochs=1))
+    one_process = {"devices": 1, "batch_size": 100, "max_epochs": 1}  # the same global batch, in this process
+    never_stopped = run_in_process("fit", *argv(data_dir, tmp_path / "never", *accumulate, **one_process))
     assert never_stopped.returncode == 0, never_stopped.stderr[-3000:]
     sigterm = ("--trainer.callbacks+=tests.helpers.SigtermMidWindow", "--trainer.callbacks.epoch", "0")
     stopped = run_train("fit", *argv(data_dir, tmp_path / "stopped", *accumulate, *sigterm, max_epochs=1))
@@ -126,30 +132,18 @@ def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_ep
     assert last_checkpoint(tmp_path)["global_step"] == 10  # saved at the end of the epoch, before stopping
 
 
-def test_a_hang_up_stops_every_rank_at_one_step_and_saves_it(data_dir, tmp_path):
-    """SIGHUP, as a closed terminal or a dropped ssh session sends it to every process of the job."""
-    hang_up = ("--trainer.callbacks+=tests.helpers.HangUpAfterStep", "--trainer.callbacks.step", "13")
-    result = run_train("fit", *argv(data_dir, tmp_path, *hang_up))
-    assert result.returncode == -signal.SIGHUP, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    output = result.stdout + result.stderr
-    assert "Stopped by SIGHUP (hang-up) in epoch 1, after step 16;" in output
-    assert last_checkpoint(tmp_path)["global_step"] == 16
-
-
-@pytest.mark.parametrize("devices", [1, 4])
 def test_a_stopped_run_continues_on_another_number_of_processes_with_the_same_global_batch(
-    data_dir, tmp_path, stopped, uninterrupted, devices
+    data_dir, tmp_path, stopped, uninterrupted
 ):
+    """On one process, which runs in this one (`run_in_process`); on more, by a node that joins an elastic job
+    (tests/test_elastic.py)."""
     root = copy_of(stopped, tmp_path)
-    runner = run_in_process if devices == 1 else run_train  # a run of one process runs in this one
-    resumed = runner("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last", devices=devices))
+    resumed = run_in_process("fit", *argv(data_dir, root, RECORD, "--ckpt_path", "last", devices=1))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     output = resumed.stdout + resumed.stderr
-    per_device = 100 // devices
-    assert f"Continuing a run of 2 processes on {devices}: per-device batch 50 -> {per_device}" in output
-    assert f"Global batch 100 = {per_device} per device x {devices} processes" in output
-    before, after = samples_of_epoch(root, 1, 2, "_stopped"), samples_of_epoch(root, 1, devices)
+    assert "Continuing a run of 2 processes on 1: per-device batch 50 -> 100" in output
+    assert "Global batch 100 = 100 per device x 1 processes" in output
+    before, after = samples_of_epoch(root, 1, 2, "_stopped"), samples_of_epoch(root, 1, 1)
     assert sorted(before + after) == list(range(TRAIN_SIZE - VAL_SIZE))  # the rest of epoch 1, each sample once
     final = last_checkpoint(root)
     assert final["global_step"] == 20

@@ -31,17 +31,13 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def test_the_test_set_gives_the_same_csv_with_one_and_two_processes(checkpoint, tmp_path):
+def test_the_test_set_gives_a_csv_of_every_image_once_in_order(checkpoint, tmp_path):
     best, test_accuracy = checkpoint
-    outputs = []
-    for devices in (1, 2):
-        output = tmp_path / f"predictions{devices}.csv"
-        result = predict(best, output, devices=devices)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert (result.stdout + result.stderr).strip().splitlines()[-1] == f"Predictions: {output}"
-        outputs.append(output.read_text())
-    assert outputs[0] == outputs[1]
-    rows = read_csv(tmp_path / "predictions1.csv")
+    output = tmp_path / "predictions.csv"
+    result = predict(best, output)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (result.stdout + result.stderr).strip().splitlines()[-1] == f"Predictions: {output}"
+    rows = read_csv(output)
     assert list(rows[0]) == ["index", "prediction", "class_name", "probability", "target"]
     assert [int(row["index"]) for row in rows] == list(range(TEST_SIZE))  # every test image once, in order
     assert all(row["class_name"] == row["prediction"] and 0 < float(row["probability"]) <= 1 for row in rows)
@@ -50,7 +46,10 @@ def test_the_test_set_gives_the_same_csv_with_one_and_two_processes(checkpoint, 
     assert not list(tmp_path.glob(".predictions*"))  # nothing but the CSV is written
 
 
-def test_test_and_predict_of_a_runs_checkpoint_write_beside_that_run_without_warnings(checkpoint, tmp_path):
+def test_test_and_predict_of_a_runs_checkpoint_on_two_processes_write_beside_that_run_without_warnings(
+    checkpoint, tmp_path
+):
+    """The predictions of two processes are those of one, row for row."""
     best, _ = checkpoint
     run = tmp_path / "runs" / "SeqNet-mnist" / "version_0"
     shutil.copytree(best.parents[1], run)
@@ -71,6 +70,9 @@ def test_test_and_predict_of_a_runs_checkpoint_write_beside_that_run_without_war
         assert "Restoring states" not in result.stderr and "Loaded model weights" not in result.stderr
     assert list((run / "test" / "version_0").glob("events.out.tfevents.*"))
     assert [path.name for path in run.parent.iterdir()] == ["version_0"]  # no new run folder
+    one_process = tmp_path / "one_process.csv"
+    assert predict(best, one_process).returncode == 0
+    assert (run / "predict" / "version_0" / "predictions.csv").read_text() == one_process.read_text()
 
 
 def test_a_folder_of_images_is_predicted_file_by_file_and_a_broken_file_is_named(checkpoint, data_dir, tmp_path):
