@@ -1,14 +1,15 @@
 """The host's time per training step, with a model whose compute is negligible: what the Python of each loop costs.
 
 One linear layer (784 -> 10) at batch 1, in one torchrun job, four loops over the same process group, round after
-round (plain, bare, train.py, every hook, plain, ...), so that whatever slows the machine down slows them all:
+round (plain, bare, defaults, train.py, plain, ...), so that whatever slows the machine down slows them all:
 
 - plain: the plain PyTorch DDP loop of `ddp_paths.py` (DataLoader, `DistributedDataParallel`, Adam);
 - bare: `Trainer(strategy="ddp")` with no logger, no callbacks, no progress bar, no checkpoints;
+- defaults: `Trainer(strategy="ddp")` with Lightning's own defaults, what any Lightning program runs unless it
+  switches them off: a TensorBoard logger, a progress bar refreshed at every step, a checkpoint callback, the model
+  summary;
 - train.py: train.py's own Trainer, built by its command line (`TrainCLI`, `fit`): its callbacks, logger, metrics
-  and progress bar, as a user runs it;
-- every hook: the same, with every callback called at every hook of a batch, as before train.py skipped the empty
-  ones (`CallEveryHook`).
+  and progress bar, as a user runs it.
 
 On a shared machine a round can take twice as long as the next; the fastest round of each loop, the one least
 disturbed, is printed beside the median. Each Lightning round is a `fit` of `--warmup` + `--steps` steps; the steps
@@ -41,11 +42,12 @@ from app.command_line.train_cli import skip_empty_batch_hooks  # noqa: E402
 from benchmarks.ddp_paths import run_torchrun  # noqa: E402
 from models import ImageClassifier  # noqa: E402
 
+OWN_CODE = ("app.", "datamodules.", "models.")  # the project's modules, as against Lightning's
 LOOPS = {
     "plain": "plain PyTorch DDP loop",
     "bare": "bare Lightning Trainer",
+    "defaults": "Lightning Trainer with its defaults (logger, progress bar, checkpoint)",
     "train.py": "train.py's Trainer",
-    "every hook": "train.py's Trainer, every callback called at every hook (before)",
 }
 
 
@@ -75,17 +77,6 @@ class StepClock(Callback):
 
     def ms_per_step(self) -> float:
         return 1000 * self.seconds / self.steps
-
-
-class CallEveryHook(Callback):
-    """train.py's Trainer as it was before it skipped the hooks of a batch that a callback leaves empty
-    (`train_cli.skip_empty_batch_hooks`): Lightning calls every callback at every hook again."""
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        instruments = ("StepClock", "CallEveryHook")  # by name: this file runs as `__main__` too
-        for callback in (callback for callback in trainer.callbacks if type(callback).__name__ not in instruments):
-            for hook in [name for name, value in vars(callback).items() if value is None and name.startswith("on_")]:
-                delattr(callback, hook)
 
 
 def main() -> None:
@@ -120,17 +111,22 @@ def print_tables(args: argparse.Namespace, result: dict) -> None:
         print(
             f"| {label} | {ms:.3f} | {min(rounds):.3f} | {', '.join(f'{x:.3f}' for x in rounds)} | {plain / ms:.2f}x |"
         )
-    for loop in ("train.py", "every hook"):
-        extra = statistics.median(result[loop]) - statistics.median(result["bare"])
-        fastest = min(result[loop]) - min(result["bare"])
-        print(f"\n{LOOPS[loop]} over the bare one: {extra:+.3f} ms per step ({fastest:+.3f} fastest round)", end="")
+    for loop, base in (("train.py", "bare"), ("defaults", "bare"), ("train.py", "defaults")):
+        extra = statistics.median(result[loop]) - statistics.median(result[base])
+        fastest = min(result[loop]) - min(result[base])
+        print(f"\n{LOOPS[loop]} over the {base} one: {extra:+.3f} ms per step ({fastest:+.3f} fastest round)", end="")
     print()
     print("\nWhere it goes (SimpleProfiler, one fit of each; ms per step; a callback's row sums its hooks):")
-    print("| action | train.py's Trainer | bare Trainer | difference |")
-    print("| --- | --- | --- | --- |")
-    for action, ours, bare in result["split"]:
+    print("| action | whose | train.py's Trainer | bare Trainer | difference |")
+    print("| --- | --- | --- | --- | --- |")
+    for action, ours, bare, owner in result["split"]:
         if abs(ours - bare) >= 0.002:
-            print(f"| `{action}` | {ours:.3f} | {bare:.3f} | {ours - bare:+.3f} |")
+            print(f"| `{action}` | {owner} | {ours:.3f} | {bare:.3f} | {ours - bare:+.3f} |")
+    for owner in ("project", "Lightning"):
+        rows = [(action, ours) for action, ours, _bare, whose in result["split"] if whose == owner]
+        names = ", ".join(dict.fromkeys(action.removeprefix("[Callback]").split("{")[0] for action, _ in rows))
+        whose = "The project's" if owner == "project" else "Lightning's"
+        print(f"\n{whose} callbacks in train.py's Trainer: {sum(ms for _, ms in rows):.3f} ms per step ({names})")
 
 
 # ---------------------------------------------------------------- inside each torchrun process
@@ -149,9 +145,8 @@ def run_worker(args: argparse.Namespace) -> None:
         plain.time_steps(args.warmup)
         times["plain"].append(1000 * plain.time_steps(args.steps) / args.steps)
         times["bare"].append(clock_of(bare_fit(args)).ms_per_step())
+        times["defaults"].append(clock_of(default_fit(args, root)).ms_per_step())
         times["train.py"].append(clock_of(train_py_fit(args, root)).ms_per_step())
-        every_hook = ["--trainer.callbacks+=benchmarks.host_step.CallEveryHook"]
-        times["every hook"].append(clock_of(train_py_fit(args, root, more=every_hook)).ms_per_step())
     split = profiled_split(args, root)
     if torch.distributed.get_rank() == 0:
         Path(args.out, "rank0.json").write_text(json.dumps({**times, "split": split}))
@@ -174,8 +169,24 @@ def bare_fit(args: argparse.Namespace, profiler=None) -> Trainer:
     return trainer
 
 
-def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = None, more: list[str] = ()) -> Trainer:
-    """train.py's `fit`, as its command line builds it, plus the clock (and a profiler, and `more` options)."""
+def default_fit(args: argparse.Namespace, root: Path) -> Trainer:
+    """`Trainer(strategy="ddp")` as Lightning builds it by default, plus the clock."""
+    from datamodules import MNISTDataModule
+
+    trainer = Trainer(
+        strategy="ddp",
+        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        max_steps=args.warmup + args.steps,
+        num_sanity_val_steps=0,
+        default_root_dir=root / "defaults",
+        callbacks=[StepClock(args.warmup)],
+    )
+    trainer.fit(OneLinear(), datamodule=MNISTDataModule(dataset="mnist", data_dir=args.data_dir, batch_size=1))
+    return trainer
+
+
+def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = None) -> Trainer:
+    """train.py's `fit`, as its command line builds it, plus the clock (and a profiler)."""
     from app.command_line.train_cli import TrainCLI
 
     options = ["--model", "benchmarks.host_step.OneLinear", "--data.dataset", "mnist", "--data.batch_size", "1"]
@@ -183,7 +194,7 @@ def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = No
     options += ["--trainer.max_steps", str(args.warmup + args.steps), "--trainer.num_sanity_val_steps", "0"]
     options += ["--trainer.callbacks+=benchmarks.host_step.StepClock", "--trainer.callbacks.warmup", str(args.warmup)]
     options += ["--trainer.profiler", profiler] if profiler else []
-    return TrainCLI(["fit", *options, *more]).trainer
+    return TrainCLI(["fit", *options]).trainer
 
 
 def clock_of(trainer: Trainer) -> StepClock:
@@ -191,16 +202,16 @@ def clock_of(trainer: Trainer) -> StepClock:
     return next(callback for callback in trainer.callbacks if type(callback).__name__ == "StepClock")
 
 
-def profiled_split(args: argparse.Namespace, root: Path) -> list[tuple[str, float, float]]:
+def profiled_split(args: argparse.Namespace, root: Path) -> list[tuple[str, float, float, str]]:
     """Lightning's SimpleProfiler over one fit of each Lightning loop: ms per step of each callback (all its hooks
     together) and of each other action that runs at every step, in train.py's Trainer and in the bare one, largest
-    difference first. Each profiled call costs about a microsecond of its own: compare rows, not the sum."""
+    difference first, with whose code each is (`_owner`). Each profiled call costs about a microsecond of its own:
+    compare rows, not the sum."""
     from lightning.pytorch.profilers import SimpleProfiler
 
-    profiles = [
-        bare_fit(args, profiler=SimpleProfiler()).profiler.recorded_durations,
-        train_py_fit(args, root, profiler="simple").profiler.recorded_durations,
-    ]
+    ours = train_py_fit(args, root, profiler="simple")
+    profiles = [bare_fit(args, profiler=SimpleProfiler()).profiler.recorded_durations, ours.profiler.recorded_durations]
+    own = {type(callback).__name__ for callback in ours.callbacks if type(callback).__module__.startswith(OWN_CODE)}
     steps = args.warmup + args.steps
     rows: dict[str, list[float]] = {}
     for column, durations in enumerate(profiles):
@@ -211,7 +222,16 @@ def profiled_split(args: argparse.Namespace, root: Path) -> list[tuple[str, floa
             name = action.split("}")[0] + "}" if action.startswith("[Callback]ModelCheckpoint") else action
             name = name.rsplit(".", 1)[0] if name.startswith("[Callback]") else name  # a callback: all its hooks
             rows.setdefault(name, [0.0, 0.0])[1 - column] += 1000 * sum(seconds) / steps
-    return sorted(((name, ours, bare) for name, (ours, bare) in rows.items()), key=lambda row: row[2] - row[1])
+    rows = sorted(rows.items(), key=lambda row: row[1][1] - row[1][0])
+    return [(name, mine, bare, _owner(name, own)) for name, (mine, bare) in rows]
+
+
+def _owner(action: str, own: set[str]) -> str:
+    """Whose code a row of the split is: the project's callbacks, Lightning's callbacks, the clock, or the loop."""
+    if not action.startswith("[Callback]"):
+        return "loop"
+    name = action.removeprefix("[Callback]").split("{")[0]
+    return "clock" if name == "StepClock" else "project" if name in own else "Lightning"
 
 
 if __name__ == "__main__":
