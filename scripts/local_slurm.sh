@@ -30,6 +30,8 @@ chmod 700 "$dir"
 munged --force --key-file="$dir/munge.key" --socket="$dir/munge.socket" --pid-file="$dir/munged.pid" \
   --log-file="$dir/munged.log" --seed-file="$dir/munged.seed"
 
+# CPUs: the machine's cores, whatever OMP_NUM_THREADS says (nproc honours it, and the tests set it to 1: a node of
+# one CPU never ran a job of two tasks).
 cat >"$dir/slurm.conf" <<CONF
 ClusterName=local
 SlurmctldHost=localhost
@@ -55,7 +57,7 @@ SelectTypeParameters=CR_CPU
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
-NodeName=localhost NodeHostname=$(hostname) CPUs=$(nproc) State=UNKNOWN
+NodeName=localhost NodeHostname=$(hostname) CPUs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) State=UNKNOWN
 PartitionName=local Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
 
