@@ -33,3 +33,14 @@ def subcommand_of(args: list[str]) -> str | None:
         elif not token.startswith(("--config=", "--print_config")):
             return token if token in SUBCOMMANDS else None
     return None
+
+
+def value_given(args: list[str], option: str) -> str | None:
+    """The value of `option` on the command line (`--opt VALUE` or `--opt=VALUE`): given twice, the last one, which
+    the parser takes; None where it is not given."""
+    value = None
+    for index, token in enumerate(args):
+        name, has_value, text = token.partition("=")
+        if name == option and (has_value or index + 1 < len(args)):
+            value = text if has_value else args[index + 1]
+    return value

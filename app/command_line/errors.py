@@ -11,6 +11,7 @@ import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from app.command_line.argv import value_given
 from app.command_line.parser_messages import shorten
 from app.command_line.speaking import TRACEBACK_VARIABLE
 from app.errors import UserError
@@ -72,8 +73,7 @@ def _describe(error: BaseException, argv: list[str]) -> str:
     if isinstance(error, pickle.UnpicklingError):  # Lightning loading a checkpoint from a URL, weights only
         from app.run.checkpoints import unpickling_problem  # noqa: PLC0415 (app.run.checkpoints imports this module)
 
-        ckpt_path = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--ckpt_path"), "")
-        return unpickling_problem(f"--ckpt_path {ckpt_path}".strip(), error)
+        return unpickling_problem(f"--ckpt_path {value_given(list(argv), '--ckpt_path') or ''}".strip(), error)
     return one_line(error)
 
 

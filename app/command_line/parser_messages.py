@@ -13,6 +13,7 @@ from lightning.pytorch.profilers import Profiler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from app.command_line.argv import SUBCOMMANDS, value_given
 from app.invocation import train_py
 from models import ImageClassifier
 
@@ -72,6 +73,12 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
         guess = guess_option(unknown.group(1).split("=")[0], options) if unknown and options else None
         if guess:
             return _cut(f"{unknown.group(1).split('=')[0]}: no such option; did you mean {guess}?")
+        stray = re.search(r"nrecognized arguments: (\w+)", line)
+        if stray and stray.group(1) in SUBCOMMANDS:  # `train.py --data.dataset mnist test ...`
+            return _cut(
+                f"{stray.group(1)}: a subcommand comes first, before the options:"
+                f" `{train_py()} {stray.group(1)} OPTIONS`."
+            )
         if "unrecognized arguments" in line or "does not accept option" in line:
             line += f". `{train_py()} fit --help` lists every option."
         return _cut(line)
@@ -150,12 +157,10 @@ def guess_option(unknown: str, options: list[str]) -> str | None:
 
 
 def _given_value(option: str, argv: list[str], deepest: str) -> str:
-    """The value as the user typed it (`--opt VALUE`, `--opt=VALUE`), else as jsonargparse reports it."""
-    for index, token in enumerate(argv):
-        if token == option and index + 1 < len(argv):
-            return argv[index + 1]
-        if token.startswith(f"{option}=") or token.startswith(f"{option}+="):
-            return token.split("=", 1)[1]
+    """The value as the user typed it (`value_given`), else as jsonargparse reports it."""
+    given = value_given([token.replace("+=", "=", 1) for token in argv], option)  # `--trainer.callbacks+=Nope`
+    if given is not None:
+        return given
     if found := re.search(r"'class_path': '([\w.]+)'", deepest):  # a class named in a config file
         return found.group(1)
     if found := re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", deepest) or re.search(

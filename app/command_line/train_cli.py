@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.command_line.argv import subcommand_of
+from app.command_line.argv import subcommand_of, value_given
 from app.command_line.checks import (
     COUNTS,
     check_accelerator,
@@ -248,13 +248,10 @@ class TrainCLI(LightningCLI):
 
     def _start_from_a_file_named_in(self, args: list[str]) -> Start | None:
         """The checkpoint file or run folder `--ckpt_path` names on the command line, read, or None."""
-        for index, arg in enumerate(args):
-            name, has_value, value = arg.partition("=")
-            if name == "--ckpt_path" and (has_value or index + 1 < len(args)):
-                path = Path(value if has_value else args[index + 1])
-                named = path.is_file() or (path.is_dir() and is_run(path))
-                return find_start(str(path), subcommand_of(args), Path(), Path()) if named else None
-        return None
+        value = value_given(args, "--ckpt_path")
+        path = Path(value) if value is not None else None
+        named = path is not None and (path.is_file() or (path.is_dir() and is_run(path)))
+        return find_start(str(path), subcommand_of(args), Path(), Path()) if named else None
 
     def _setting(self, key: str, config=None):
         """The value of an option of the subcommand run (`trainer.accelerator`), in `config` or the parsed one."""
