@@ -6,9 +6,11 @@ is one indexing operation on that tensor; it travels to the device as uint8 (a q
 where the model normalises it with the statistics this module names (`mean`, `std`; models/base.py).
 """
 
+import multiprocessing.util
 import os
 import shutil
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +45,32 @@ def _holds_the_files(dataset_class: type, folder: Path) -> bool:
     return all((folder / name).is_file() for name in _file_names(dataset_class))
 
 
-def leave_stops_to_the_training_process(worker_id: int) -> None:
+def leave_stops_to_the_training_process(worker_id: int, rank: int | None = None) -> None:
     """In a DataLoader worker: ignore Ctrl-C, SIGTERM and SIGHUP, which often reach every process of the job at once
     (a closed terminal, `kill -- -PGID`, SLURM signalling a job step). The training process stops at the step every
     rank agrees on and ends its workers itself (app/job/fault_guard.py); a worker killed by the signal would end the
     run first, with torch's "DataLoader worker is killed by signal" and nothing saved. A worker whose training
-    process dies ends by itself (torch's watchdog). Lightning's seeding of workers is kept: it adds its own
-    `worker_init_fn` only to a loader that has none."""
+    process dies ends by itself (torch's watchdog), and one left when it exits is killed (`end_workers_left_at_exit`).
+    Lightning's seeding of workers is kept, with the rank it would give: it adds its own `worker_init_fn` only to a
+    loader that has none."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
-        pl_worker_init_function(worker_id)
+        pl_worker_init_function(worker_id, rank=rank)
+
+
+def end_workers_left_at_exit() -> None:
+    """When the training process exits, kill its daemonic children that are still there: the DataLoader workers of a
+    loader left iterating outside a Trainer (whose teardown ends them), and whatever else Python's exit ends next with
+    SIGTERM, a signal these workers ignore, and then waits for: without this, for ever. A multiprocessing finalizer,
+    so it runs after those that end a `Pool`'s workers, and also in a process that multiprocessing started, where
+    atexit handlers do not run. torch's SIGCHLD handler, which would report each kill as a failed worker, is put back
+    to the default first."""
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if children:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
 
 
 class DatasetName(str):
@@ -63,7 +80,7 @@ class DatasetName(str):
         spelled = {key.replace("_", ""): key for key in DATASETS}
         key = spelled.get(str(name).lower().replace("-", "").replace("_", ""))
         if key is None:
-            raise ValueError(f"expected one of {', '.join(DATASETS)}")
+            raise ValueError(f"{name!r}: expected one of {', '.join(DATASETS)}")
         return super().__new__(cls, key)
 
 
@@ -138,6 +155,8 @@ class MNISTDataModule(LightningDataModule):
                 " cannot hand out batches that live on a GPU, and with the data there they have nothing left to do."
             )
         self.save_hyperparameters()
+        if num_workers > 0:  # once a datamodule, at the process's exit
+            multiprocessing.util.Finalize(None, end_workers_left_at_exit, exitpriority=0)
         self.dataset_class, self.mean, self.std = DATASETS[dataset]
         self.train_set: BatchedTensorDataset | None = None
         self.val_set: BatchedTensorDataset | None = None
@@ -340,6 +359,7 @@ class MNISTDataModule(LightningDataModule):
         on_device = self.hparams.on_device and self.trainer is not None
         if on_device:  # the loader's own copy; the splits stay in host memory for the dashboard
             dataset = BatchedTensorDataset(*(t.to(self.trainer.strategy.root_device) for t in dataset.tensors))
+        rank = self.trainer.global_rank if self.trainer else None  # None: Lightning's own guess
         return loader_class(
             dataset,
             batch_size=batch_size,
@@ -348,7 +368,7 @@ class MNISTDataModule(LightningDataModule):
             collate_fn=already_batched,
             pin_memory=self.hparams.pin_memory and not on_device,
             persistent_workers=self.hparams.num_workers > 0,
-            worker_init_fn=leave_stops_to_the_training_process,
+            worker_init_fn=partial(leave_stops_to_the_training_process, rank=rank),
         )
 
     def state_dict(self) -> dict[str, Any]:

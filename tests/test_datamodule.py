@@ -1,6 +1,7 @@
 """The datamodule on small synthetic IDX files: splits, normalisation, batching and clear errors."""
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules import DataError, MNISTDataModule
 from tests.conftest import TEST_SIZE, TRAIN_SIZE
+from tests.helpers import run_command
 
 DATASETS = [("mnist", 0.1307, 0.3081), ("fashion_mnist", 0.2860, 0.3530)]
 
@@ -193,3 +195,17 @@ def test_a_blank_picture_is_skipped_and_one_with_a_transparent_background_is_rea
         datamodule.setup("predict")
     assert [path.name for path in datamodule.predict_files] == ["canvas.png"]
     assert datamodule.predict_set.tensors[0][0].max() == 255  # the stroke, light on black
+
+
+def test_a_program_that_ends_while_a_loader_is_iterating_ends_at_once(data_dir):
+    """The loader's workers ignore SIGTERM (a stop is the training process's to make), the signal with which Python's
+    own exit ends them: without the datamodule's exit handler this program would never end."""
+    program = f"""from datamodules import MNISTDataModule
+datamodule = MNISTDataModule(data_dir={str(data_dir)!r}, val_size=200, num_workers=1)
+datamodule.prepare_data()
+datamodule.setup("fit")
+batches = iter(datamodule.train_dataloader())
+print(len(next(batches)[0]), "images from a worker, and the worker left running")"""
+    run = run_command([sys.executable, "-c", program], timeout=60)
+    assert (run.returncode, run.stdout) == (0, "64 images from a worker, and the worker left running\n"), run.stderr
+    assert "Traceback" not in run.stderr, run.stderr  # torch's "DataLoader worker (pid N) is killed by signal"

@@ -320,7 +320,16 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
         (["--data.dataset", "cifar10"], ["--data.dataset cifar10: expected one of mnist, fashion_mnist"]),
         (["--data.dataset", "mnist", "--data.dataset=cifar10"], ["--data.dataset cifar10: expected one of mnist"]),
         (["--data.batch_size", "8", "--data.batch_size", "-5"], ["--data.batch_size -5: expected a positive"]),
+        (["--data.batch_size", "-5", "--data.batch_size", "8"], ["--data.batch_size -5: expected a positive"]),
+        (["--data.dataset=cifar10", "--data.dataset", "mnist"], ["--data.dataset cifar10: expected one of mnist"]),
+        (["--data.batch_size", "x", "--data.batch_size", "0"], ["--data.batch_size x: expected a positive integer"]),
+        (["--model.optimizer.lr", "fast", "--model.optimizer.lr", "0.1"], ["--model.optimizer.lr fast: expected"]),
+        (["--model.optimizer", "Adamm", "--model.optimizer", "Adam"], ["--model.optimizer Adamm: no such class"]),
         (["--data.dataset", "mnist", "test", "--ckpt_path", "last"], ["test: a subcommand comes first", "py test"]),
+        (
+            ["fit", "--data.dataset", "mnist", "validate"],
+            ["validate: a command takes one subcommand, and this one has fit"],
+        ),
         (["--trainer.precision", "17"], ["--trainer.precision 17: expected one of", "16-mixed"]),
         (["--model.one_cycle", "maybe"], ["--model.one_cycle maybe: expected true or false"]),
         (["--model.optimizer.betas", "3"], ["--model.optimizer.betas 3: expected a list"]),
@@ -334,6 +343,13 @@ def test_a_parser_error_says_its_deepest_cause_in_under_300_characters(args, wor
     assert "Union" not in message and "NestedArg" not in message and "Namespace(" not in message
     for word in words:
         assert word in message
+
+
+def test_a_bad_value_in_a_config_file_is_named_as_the_configs_beside_a_good_one_on_the_command_line(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("data:\n  batch_size: 0\n")
+    message = error_line(["--config", str(config), "--data.batch_size", "8"])
+    assert "--data.batch_size 0 (from a config file): expected a positive integer" in message
 
 
 def test_a_config_file_naming_an_unknown_class_says_where_the_choices_come_from(tmp_path):
@@ -352,8 +368,9 @@ def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 @pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
 def test_a_gpu_asked_for_on_a_machine_without_one_is_the_first_and_only_line(data_dir, tmp_path, accelerator):
-    """`gpu` from a real run, `cuda` in this process."""
-    args = [arg if arg != "cpu" else accelerator for arg in one_run(data_dir, tmp_path)]
+    """`gpu` from a real run of two processes, `cuda` in this process."""
+    devices = 2 if accelerator == "gpu" else 1
+    args = [arg if arg != "cpu" else accelerator for arg in one_run(data_dir, tmp_path, devices=devices)]
     result = run_train(*args, timeout=60) if accelerator == "gpu" else run_in_process(*args)
     line = assert_one_error_line(result, f"--trainer.accelerator {accelerator}: this machine has no", "give cpu.")
     assert (result.stdout + result.stderr).strip() == line

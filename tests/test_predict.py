@@ -71,7 +71,8 @@ def test_test_and_predict_of_a_runs_checkpoint_on_two_processes_write_beside_tha
     assert list((run / "test" / "version_0").glob("events.out.tfevents.*"))
     assert [path.name for path in run.parent.iterdir()] == ["version_0"]  # no new run folder
     one_process = tmp_path / "one_process.csv"
-    assert predict(best, one_process).returncode == 0
+    result = predict(best, one_process)
+    assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "predict" / "version_0" / "predictions.csv").read_text() == one_process.read_text()
 
 

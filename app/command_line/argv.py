@@ -35,12 +35,18 @@ def subcommand_of(args: list[str]) -> str | None:
     return None
 
 
-def value_given(args: list[str], option: str) -> str | None:
-    """The value of `option` on the command line (`--opt VALUE` or `--opt=VALUE`): given twice, the last one, which
-    the parser takes; None where it is not given."""
-    value = None
+def values_given(args: list[str], option: str) -> list[str]:
+    """Every value of `option` on the command line (`--opt VALUE` or `--opt=VALUE`), in order."""
+    values = []
     for index, token in enumerate(args):
         name, has_value, text = token.partition("=")
         if name == option and (has_value or index + 1 < len(args)):
-            value = text if has_value else args[index + 1]
-    return value
+            values.append(text if has_value else args[index + 1])
+    return values
+
+
+def value_given(args: list[str], option: str) -> str | None:
+    """The value of a plain option such as `--ckpt_path`: given twice, the last one, which the parser takes; None
+    where it is not given."""
+    values = values_given(args, option)
+    return values[-1] if values else None

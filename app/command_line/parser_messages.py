@@ -13,7 +13,7 @@ from lightning.pytorch.profilers import Profiler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from app.command_line.argv import SUBCOMMANDS, value_given
+from app.command_line.argv import SUBCOMMANDS, subcommand_of, values_given
 from app.invocation import train_py
 from models import ImageClassifier
 
@@ -75,6 +75,8 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
             return _cut(f"{unknown.group(1).split('=')[0]}: no such option; did you mean {guess}?")
         stray = re.search(r"nrecognized arguments: (\w+)", line)
         if stray and stray.group(1) in SUBCOMMANDS:  # `train.py --data.dataset mnist test ...`
+            if first := subcommand_of(argv):
+                return _cut(f"{stray.group(1)}: a command takes one subcommand, and this one has {first} already.")
             return _cut(
                 f"{stray.group(1)}: a subcommand comes first, before the options:"
                 f" `{train_py()} {stray.group(1)} OPTIONS`."
@@ -157,23 +159,34 @@ def guess_option(unknown: str, options: list[str]) -> str | None:
 
 
 def _given_value(option: str, argv: list[str], deepest: str) -> str:
-    """The value as the user typed it (`value_given`), else as jsonargparse reports it."""
-    given = value_given([token.replace("+=", "=", 1) for token in argv], option)  # `--trainer.callbacks+=Nope`
-    if given is not None:
-        return given
+    """The value jsonargparse refused, as its message says it: of an option given several times the first bad one,
+    and it may come from a config file. Where the message does not say, as the user typed it, or every value typed."""
+    given = values_given([token.replace("+=", "=", 1) for token in argv], option)  # `--trainer.callbacks+=Nope`
+    if reported := _reported_value(deepest):
+        return reported if reported in given or not given else f"{reported} (from a config file)"
+    if len(given) > 1:
+        return f"(given {len(given)} times: {', '.join(given)})"
+    return given[0] if given else ""
+
+
+def _reported_value(deepest: str) -> str:
     if found := re.search(r"'class_path': '([\w.]+)'", deepest):  # a class named in a config file
         return found.group(1)
-    if found := re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", deepest) or re.search(
-        r"Given value: (.*)", deepest
+    if found := (
+        re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", deepest)
+        or re.search(r"Given value: (.*?)(?:\. Got value:|$)", deepest, re.MULTILINE)
+        or re.search(r"(\S+) does not conform to restriction", deepest)
+        or re.search(r"Not of type \w+: '([^']*)': expected", deepest)  # a type of ours (DatasetName)
+        or re.search(r"invalid literal for \w+\(\)[^:]*: '([^']*)'|could not convert string to \w+: '([^']*)'", deepest)
     ):
-        return found.group(1).strip()
+        return next(group for group in found.groups() if group is not None).strip()
     return ""
 
 
 def _expected_kinds(deepest: str) -> list[str]:
     """What the option takes, in words, when the deepest cause names basic types (not a class)."""
     kinds = []
-    for restriction, expecting in re.findall(r"Not of type (\w+)(?:: expected ([^\n]+))?", deepest):
+    for restriction, expecting in re.findall(r"Not of type (\w+)(?:: (?:'[^']*': )?expected ([^\n]+))?", deepest):
         kinds.append(expecting.strip() or KINDS.get(restriction, restriction))  # a type of ours says what it takes
     literals = [
         item.strip().strip("'")

@@ -178,7 +178,8 @@ class TrainCLI(LightningCLI):
         except ArgumentError as error:
             if "nrecognized arguments" not in str(error):
                 raise
-            raise UserError(shorten(str(error), args, self._option_names())) from None
+            as_typed = args[1:] if self.test_after_fit else args  # without the `fit` put in front
+            raise UserError(shorten(str(error), as_typed, self._option_names())) from None
         if self.config.get("subcommand"):
             check_accelerator(self._setting("trainer.accelerator"))  # before anything else is printed
             check_counts({f"--trainer.{name}": self._setting(f"trainer.{name}") for name in COUNTS})
