@@ -1,7 +1,8 @@
 """The host's time per training step, with a model whose compute is negligible: what the Python of each loop costs.
 
-One linear layer (784 -> 10) at batch 1, in one torchrun job, four loops over the same process group, round after
-round (plain, bare, defaults, train.py, plain, ...), so that whatever slows the machine down slows them all:
+One linear layer (784 -> 10) at batch 1, in one torchrun job, five loops over the same process group, round after
+round (plain, bare, defaults, train.py, Lightning's part, plain, ...), so that whatever slows the machine down slows
+them all:
 
 - plain: the plain PyTorch DDP loop of `ddp_paths.py` (DataLoader, `DistributedDataParallel`, Adam);
 - bare: `Trainer(strategy="ddp")` with no logger, no callbacks, no progress bar, no checkpoints;
@@ -9,15 +10,21 @@ round (plain, bare, defaults, train.py, plain, ...), so that whatever slows the 
   switches them off: a TensorBoard logger, a progress bar refreshed at every step, a checkpoint callback, the model
   summary;
 - train.py: train.py's own Trainer, built by its command line (`TrainCLI`, `fit`): its callbacks, logger, metrics
-  and progress bar, as a user runs it.
+  and progress bar, as a user runs it;
+- Lightning's part: the same Trainer with the project's callbacks taken out for the timed steps (`StepClock`), so
+  that train.py minus this loop is all the project's callbacks cost, Lightning's calls into them included, and this
+  loop minus the bare one is what the logger (Lightning's TensorBoard logger, under the project's small `RunLogger`),
+  Lightning's progress bar and Lightning's callbacks cost as train.py sets them. It always runs right after
+  train.py's loop.
 
 On a shared machine a round can take twice as long as the next; the fastest round of each loop, the one least
 disturbed, is printed beside the median. Each Lightning round is a `fit` of `--warmup` + `--steps` steps; the steps
 after the warm-up are timed from one `on_train_batch_start` to the next (logging steps included: every
-`log_every_n_steps`). The median round of each loop gives ms per step. Then one more `fit` of each Lightning loop
-under Lightning's `SimpleProfiler` says, per hook and per callback, where train.py's extra time goes (ms per step in
-train.py's Trainer minus the bare one's, for the actions both have, and in full for the actions only train.py's
-has).
+`log_every_n_steps`). The median round of each loop gives ms per step, and the median of the rounds' differences
+compares two loops (each round runs them back to back). Then one more `fit` of the bare loop and one of train.py's,
+under Lightning's `SimpleProfiler`, says per hook and per callback where
+train.py's extra time goes (ms per step in train.py's Trainer minus the bare one's, for the actions both have, and in
+full for the actions only train.py's has), and whose each callback is.
 
     python benchmarks/host_step.py --data-dir ../shared/datasets --devices 2
 """
@@ -48,6 +55,7 @@ LOOPS = {
     "bare": "bare Lightning Trainer",
     "defaults": "Lightning Trainer with its defaults (logger, progress bar, checkpoint)",
     "train.py": "train.py's Trainer",
+    "lightning": "train.py's Trainer without the project's callbacks (Lightning's part)",
 }
 
 
@@ -60,16 +68,25 @@ class OneLinear(ImageClassifier):
 
 
 class StepClock(Callback):
-    """The wall time from the first timed step's start to the last one's end, and how many steps that was."""
+    """The wall time from the first timed step's start to the last one's end, and how many steps that was;
+    `lightning_only`: the project's callbacks taken out of the Trainer from the first step to the end of training
+    (set up and torn down as usual)."""
 
-    def __init__(self, warmup: int) -> None:
+    def __init__(self, warmup: int, lightning_only: bool = False) -> None:
         self.warmup, self.batches, self.start, self.seconds, self.steps = warmup, 0, 0.0, 0.0, 0
+        self.lightning_only, self.taken_out = lightning_only, []
         skip_empty_batch_hooks([self])  # the clock's empty hooks are called in no loop, the bare one included
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self.batches == 0 and self.lightning_only:
+            self.taken_out = [c for c in trainer.callbacks if type(c).__module__.startswith(OWN_CODE)]
+            trainer.callbacks = [c for c in trainer.callbacks if c not in self.taken_out]
         if self.batches == self.warmup:
             self.start = time.perf_counter()
         self.batches += 1
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        trainer.callbacks += self.taken_out  # in place: Lightning's loop over this hook reaches them too, then teardown
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if self.batches > self.warmup:
@@ -111,10 +128,16 @@ def print_tables(args: argparse.Namespace, result: dict) -> None:
         print(
             f"| {label} | {ms:.3f} | {min(rounds):.3f} | {', '.join(f'{x:.3f}' for x in rounds)} | {plain / ms:.2f}x |"
         )
-    for loop, base in (("train.py", "bare"), ("defaults", "bare"), ("train.py", "defaults")):
+    pairs = (("train.py", "bare"), ("train.py", "lightning"), ("lightning", "bare"), ("defaults", "bare"))
+    for loop, base in (*pairs, ("train.py", "defaults")):
         extra = statistics.median(result[loop]) - statistics.median(result[base])
+        paired = statistics.median(ours - theirs for ours, theirs in zip(result[loop], result[base], strict=True))
         fastest = min(result[loop]) - min(result[base])
-        print(f"\n{LOOPS[loop]} over the {base} one: {extra:+.3f} ms per step ({fastest:+.3f} fastest round)", end="")
+        print(
+            f"\n{LOOPS[loop]} over {LOOPS[base]}: {extra:+.3f} ms per step (median of the rounds' differences"
+            f" {paired:+.3f}, fastest rounds {fastest:+.3f})",
+            end="",
+        )
     print()
     print("\nWhere it goes (SimpleProfiler, one fit of each; ms per step; a callback's row sums its hooks):")
     print("| action | whose | train.py's Trainer | bare Trainer | difference |")
@@ -147,6 +170,7 @@ def run_worker(args: argparse.Namespace) -> None:
         times["bare"].append(clock_of(bare_fit(args)).ms_per_step())
         times["defaults"].append(clock_of(default_fit(args, root)).ms_per_step())
         times["train.py"].append(clock_of(train_py_fit(args, root)).ms_per_step())
+        times["lightning"].append(clock_of(train_py_fit(args, root, lightning_only=True)).ms_per_step())
     split = profiled_split(args, root)
     if torch.distributed.get_rank() == 0:
         Path(args.out, "rank0.json").write_text(json.dumps({**times, "split": split}))
@@ -185,7 +209,9 @@ def default_fit(args: argparse.Namespace, root: Path) -> Trainer:
     return trainer
 
 
-def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = None) -> Trainer:
+def train_py_fit(
+    args: argparse.Namespace, root: Path, profiler: str | None = None, lightning_only: bool = False
+) -> Trainer:
     """train.py's `fit`, as its command line builds it, plus the clock (and a profiler)."""
     from app.command_line.train_cli import TrainCLI
 
@@ -193,6 +219,7 @@ def train_py_fit(args: argparse.Namespace, root: Path, profiler: str | None = No
     options += ["--data.data_dir", args.data_dir, "--trainer.default_root_dir", str(root)]
     options += ["--trainer.max_steps", str(args.warmup + args.steps), "--trainer.num_sanity_val_steps", "0"]
     options += ["--trainer.callbacks+=benchmarks.host_step.StepClock", "--trainer.callbacks.warmup", str(args.warmup)]
+    options += ["--trainer.callbacks.lightning_only", str(lightning_only).lower()]
     options += ["--trainer.profiler", profiler] if profiler else []
     return TrainCLI(["fit", *options]).trainer
 
