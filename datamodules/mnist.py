@@ -8,6 +8,7 @@ where the model normalises it with the statistics this module names (`mean`, `st
 
 import multiprocessing.util
 import os
+import re
 import shutil
 import signal
 from functools import partial
@@ -60,17 +61,26 @@ def leave_stops_to_the_training_process(worker_id: int, rank: int | None = None)
 
 
 def end_workers_left_at_exit() -> None:
-    """When the training process exits, kill its daemonic children that are still there: the DataLoader workers of a
-    loader left iterating outside a Trainer (whose teardown ends them), and whatever else Python's exit ends next with
-    SIGTERM, a signal these workers ignore, and then waits for: without this, for ever. A multiprocessing finalizer,
-    so it runs after those that end a `Pool`'s workers, and also in a process that multiprocessing started, where
-    atexit handlers do not run. torch's SIGCHLD handler, which would report each kill as a failed worker, is put back
-    to the default first."""
-    children = [child for child in multiprocessing.active_children() if child.daemon]
+    """When the training process exits, kill its daemonic children that ignore SIGTERM: the DataLoader workers of a
+    loader left iterating outside a Trainer (whose teardown ends them). Python's exit ends daemonic children with
+    SIGTERM and then waits for each: for these, for ever. A multiprocessing finalizer, so it runs before that, after
+    the finalizers that end a `Pool`'s workers, and also in a process that multiprocessing started, where atexit
+    handlers do not run. torch's SIGCHLD handler, which would report each kill as a failed worker, is put back to the
+    default first."""
+    children = [child for child in multiprocessing.active_children() if child.daemon and _ignores_sigterm(child.pid)]
     if children:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in children:
         child.kill()
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """From Linux's /proc; elsewhere, taken as true."""
+    try:
+        ignored = re.search(r"^SigIgn:\s*([0-9a-f]+)$", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
+    except OSError:
+        return True
+    return ignored is None or bool(int(ignored.group(1), 16) >> (signal.SIGTERM - 1) & 1)
 
 
 class DatasetName(str):

@@ -323,6 +323,8 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
         (["--data.batch_size", "-5", "--data.batch_size", "8"], ["--data.batch_size -5: expected a positive"]),
         (["--data.dataset=cifar10", "--data.dataset", "mnist"], ["--data.dataset cifar10: expected one of mnist"]),
         (["--data.batch_size", "x", "--data.batch_size", "0"], ["--data.batch_size x: expected a positive integer"]),
+        (["--data.batch_size", "10", "--data.batch_size", "0"], ["--data.batch_size 0: expected a positive integer"]),
+        (["--model.optimizer.betas", "[0.9,x]"], ["--model.optimizer.betas [0.9,x]: expected a number"]),
         (["--model.optimizer.lr", "fast", "--model.optimizer.lr", "0.1"], ["--model.optimizer.lr fast: expected"]),
         (["--model.optimizer", "Adamm", "--model.optimizer", "Adam"], ["--model.optimizer Adamm: no such class"]),
         (["--data.dataset", "mnist", "test", "--ckpt_path", "last"], ["test: a subcommand comes first", "py test"]),

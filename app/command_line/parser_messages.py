@@ -159,11 +159,18 @@ def guess_option(unknown: str, options: list[str]) -> str | None:
 
 
 def _given_value(option: str, argv: list[str], deepest: str) -> str:
-    """The value jsonargparse refused, as its message says it: of an option given several times the first bad one,
-    and it may come from a config file. Where the message does not say, as the user typed it, or every value typed."""
+    """The value jsonargparse refused, as the user typed it: of an option given several times the first bad one,
+    which its message names; a value of a config file where no typed one is it. Where the message names none,
+    the value typed, or every value typed."""
     given = values_given([token.replace("+=", "=", 1) for token in argv], option)  # `--trainer.callbacks+=Nope`
     if reported := _reported_value(deepest):
-        return reported if reported in given or not given else f"{reported} (from a config file)"
+        whole = re.compile(rf"(?<![\w.]){re.escape(reported)}(?![\w.])")  # `x` in `[0.9,x]`, not `0` in `10`
+        if typed := [value for value in given if value.strip() == reported] or [v for v in given if whole.search(v)]:
+            return typed[0]
+        if not given:
+            return reported
+        if any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in argv):
+            return f"{reported} (from a config file)"
     if len(given) > 1:
         return f"(given {len(given)} times: {', '.join(given)})"
     return given[0] if given else ""
@@ -173,7 +180,7 @@ def _reported_value(deepest: str) -> str:
     if found := re.search(r"'class_path': '([\w.]+)'", deepest):  # a class named in a config file
         return found.group(1)
     if found := (
-        re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", deepest)
+        re.search(r"NestedArg\(key='[^']*', val=(?:'([^']*)'|\"([^\"]*)\")\)", deepest)
         or re.search(r"Given value: (.*?)(?:\. Got value:|$)", deepest, re.MULTILINE)
         or re.search(r"(\S+) does not conform to restriction", deepest)
         or re.search(r"Not of type \w+: '([^']*)': expected", deepest)  # a type of ours (DatasetName)
