@@ -163,6 +163,8 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
         (["--checkpoint.save_top_k", "-2"], "--checkpoint.save_top_k -2"),
         (["--checkpoint.monitor", "val/nope"], "--checkpoint.monitor val/nope"),
         (["--seed_everything", "-1"], "--seed_everything -1"),
+        (["--devices", "x"], "--trainer.devices x"),  # Lightning's message names `devices`, not the value
+        (["--devices", "0,1"], "--trainer.devices 0,1"),
     ],
 )
 def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, args, named):

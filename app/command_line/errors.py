@@ -79,7 +79,9 @@ def _describe(error: BaseException, argv: list[str]) -> str:
 
 def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
     """The line that ties `error` to the one option of `options` (those the user set) it is about, where the evidence
-    is certain (docs/errors.md: its value, and its name or the object taking it); else None, the error a bug."""
+    is certain (docs/errors.md: its value, and its name or the object taking it; or its name in backquotes, as
+    Lightning names an argument: "`devices` selected with `CPUAccelerator` should be an int > 0"); else None, the
+    error a bug."""
     message = one_line(error) or type(error).__name__
     raiser = _raising_object(error)
     suspects = []
@@ -87,7 +89,7 @@ def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
         name = option.rsplit(".", 1)[-1].lstrip("-")
         valued = _value_in(value, message) or (isinstance(error, ZeroDivisionError) and _is_zero(value))
         named = re.search(rf"\b{re.escape(name)}\b", message) is not None
-        if valued and (named or _takes_argument(raiser, name, value)):
+        if (valued and (named or _takes_argument(raiser, name, value))) or f"`{name}`" in message:
             suspects.append(option)
     if len(suspects) != 1:
         return None
