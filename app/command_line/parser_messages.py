@@ -119,9 +119,7 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
 
 def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
     """A YAML tag that would build a Python object (`!!python/object/apply:os.system`), refused, naming the file."""
-    configs = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("-c", "--config")]
-    configs += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
-    refused = next((path for path in configs if _refuses(path)), None)
+    refused = next((path for path in _configs_named(argv) if _refuses(path)), None)
     where = re.search(r"line (\d+), column (\d+)", message)
     place = f", line {where.group(1)}" if where else ""
     source = f"--config {refused}{place}" if refused else f"a config given on the command line{place}"
@@ -130,6 +128,11 @@ def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
         f"{source}: the tag {shown} is refused: a config holds plain values (numbers, strings, lists, mappings),"
         " nothing that builds Python objects. Remove the tag; a class is given as class_path and init_args."
     )
+
+
+def _configs_named(argv: list[str]) -> list[str]:
+    """The config files the command line names: `-c FILE`, `--config FILE`, `--config=FILE`."""
+    return values_given(argv, "-c") + values_given(argv, "--config")
 
 
 def _refuses(path: str) -> bool:
@@ -169,7 +172,7 @@ def _given_value(option: str, argv: list[str], deepest: str) -> str:
             return typed[0]
         if not given:
             return reported
-        if any(arg in ("-c", "--config") or arg.startswith("--config=") for arg in argv):
+        if _configs_named(argv):
             return f"{reported} (from a config file)"
     if len(given) > 1:
         return f"(given {len(given)} times: {', '.join(given)})"
