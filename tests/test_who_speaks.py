@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from app.command_line.speaking import speak_once
+from app.command_line.speaking import leave_the_store, speak_once
 from tests.helpers import wait_for
 
 
@@ -67,3 +67,19 @@ def test_a_store_that_is_gone_leaves_each_to_speak(capfd):
     del holder  # the process that held it (global rank 0) ended
     speak_once(gone, "error (rank 1): planned failure")
     assert error_lines(capfd) == ["error (rank 1): planned failure"]
+
+
+def test_under_torchrun_a_process_that_reported_keeps_the_agents_store_up_until_the_others_have(store, monkeypatch):
+    """torchrun's agent, which holds the store, ends once one of its processes has ended: one that ended at once would
+    leave a process of another node, slower to start, to find the store gone and speak a second time."""
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    first = threading.Thread(target=leave_the_store, args=(client(store),))
+    first.start()
+    other = client(store)
+    wait_for(lambda: other.check(["reported/0"]), 30, "global rank 0 to say it reported", every=0.01)
+    assert first.is_alive()  # the other has not reported yet
+    other.set("reported/1", "")
+    first.join(timeout=30)
+    assert not first.is_alive()
