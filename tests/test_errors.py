@@ -339,6 +339,27 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
         (["--model.optimizer.betas", "3"], ["--model.optimizer.betas 3: expected a list"]),
         (["--model.lr_scheduler", "StepLR"], ["StepLR needs --model.lr_scheduler.step_size"]),
         (["--model.lr_scheduler", "ReduceLROnPlateau"], ["several classes have that name", "torch.optim.lr_scheduler"]),
+        # A class's argument with a bad value: said of the class named, not of the others jsonargparse tried
+        (
+            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.patience", "x"],
+            ["error: --trainer.callbacks.patience x: expected an integer"],
+        ),
+        (
+            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.patienc", "3"],
+            ["error: --trainer.callbacks.patienc: lightning.pytorch.callbacks.EarlyStopping takes no argument"],
+        ),
+        (["--model", "nope.Nope"], ["--model nope.Nope: no such class", "ConvNet, SeqNet"]),
+        (["--model.optimizer", "torch.optim.Nope"], ["--model.optimizer torch.optim.Nope: no such class"]),
+        (["--model.optimizer.betas", "[3]"], ["--model.optimizer.betas [3]: expected a list of 2 values"]),
+        (["--data.dataset="], ["error: --data.dataset '': expected one of mnist, fashion_mnist."]),
+        (["--data.dataset", "'x'"], ["error: --data.dataset 'x': expected one of mnist, fashion_mnist."]),
+        # An option typed without its value: that option, not the one argparse names (`--model`)
+        (["--model.optimizer.lr"], ["error: --model.optimizer.lr: a value is missing after it."]),
+        (["--model.optimizer.lr", "--data.batch_size", "8"], ["error: --model.optimizer.lr: a value is missing"]),
+        (
+            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor"],
+            ["error: --trainer.callbacks.monitor: a value is missing after it."],
+        ),
     ],
 )
 def test_a_parser_error_says_its_deepest_cause_in_under_300_characters(args, words):
@@ -360,7 +381,29 @@ def test_a_config_file_naming_an_unknown_class_says_where_the_choices_come_from(
     config = tmp_path / "config.yaml"
     config.write_text("model:\n  class_path: models.ResNet\n")
     message = error_line(["--config", str(config)])
-    assert "--model models.ResNet: no such class" in message and len(message) < 300
+    assert "--model models.ResNet (from a config file): no such class" in message and len(message) < 300
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (  # a value of a class's arguments in a config file: said as that value, not as the class around it
+            "model:\n  class_path: models.SeqNet\n  init_args:\n    optimizer:\n      class_path: torch.optim.Adam\n"
+            "      init_args:\n        lr: fast\n",
+            "--model.optimizer.lr fast (from a config file): expected a number.",
+        ),
+        (
+            "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n      init_args:\n"
+            "        monitor: val/acc\n        patience: x\n",
+            "--trainer.callbacks.patience x (from a config file): expected an integer.",
+        ),
+    ],
+    ids=["an optimizer's learning rate", "a callback's argument"],
+)
+def test_a_bad_argument_of_a_class_in_a_config_file_names_that_argument_and_value(tmp_path, config, words):
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    assert words in error_line(["--config", str(path)])
 
 
 def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):

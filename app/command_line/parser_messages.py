@@ -64,7 +64,10 @@ COMMON_NAMES = {
 def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
     """The one line to print for a jsonargparse error `message` about the command line `argv`; `options`: every
     option name the command takes (`--trainer.max_epochs`), to point an unknown one at what it most likely meant."""
+    message = _branch_tried(message)
     keys = re.findall(r'Parser key "([^"]+)"', message)
+    if missing := re.search(r"argument (--[\w.]+)\S*: expected one argument", message):
+        return _cut(f"{_typed_without_value(missing.group(1), argv)}: a value is missing after it.")
     if tag := re.search(r"could not determine a constructor for the tag '([^']+)'", message):
         return _cut(_refused_tag(tag.group(1), message, argv))
     if not keys:
@@ -85,8 +88,8 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
             line += f". `{train_py()} fit --help` lists every option."
         return _cut(line)
     option = "--" + ".".join(keys)
-    deepest = message[message.rfind('Parser key "') :].split(":", 1)[1]
-    value = _given_value(option, argv, deepest)
+    deepest = _deepest_cause(message)
+    value = _given_value(option, argv, deepest, message)
     classes = re.findall(r"class_path[=\s]'([\w.]+)'", deepest) or re.findall(r"class_path[=\s]'([\w.]+)'", message)
     rejected = re.search(r"Option '([^']+)' is not accepted", deepest) or re.search(
         r"unrecognized arguments: --(?:init_args\.)?([\w.]+)", deepest
@@ -110,11 +113,71 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
         return _cut(f"{option} {ambiguous.group(1)}: several classes have that name; give one of {ambiguous.group(2)}.")
     expected = _expected_kinds(deepest)
     looks_like_a_class = re.fullmatch(r"([a-z_]\w*\.)*[A-Z]\w*", value) is not None
-    if ("import path" in deepest or "has no attribute" in deepest) and (looks_like_a_class or not expected):
+    no_class = ("import path", "has no attribute", "No module named")
+    if any(words in deepest for words in no_class) and (looks_like_a_class or not expected):
         return _cut(f"{option} {value}: no such class. {_choices(option, message)}")
     if expected:
         return _cut(f"{option} {value}: expected {' or '.join(expected)}.")
     return _cut(f"{option}: {' '.join(deepest.split())}")
+
+
+def _branch_tried(message: str) -> str:
+    """`message` with, at each choice jsonargparse tried among classes, or between a config file's name and a class
+    (sibling lines that start with "- "), only the branch of the class the user named (else the first that is no
+    file name): the others' errors are about what the user did not ask for (`lightning.Callback takes no argument
+    'patience'` when EarlyStopping's patience is no integer)."""
+    lines, index = message.split("\n"), 0
+    while index < len(lines):
+        indent = _indent(lines[index])
+        if not lines[index].lstrip().startswith("- "):
+            index += 1
+            continue
+        branches, end = [], index
+        while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) >= indent):
+            if _indent(lines[end]) == indent and lines[end].lstrip().startswith("- "):
+                branches.append([])
+            elif _indent(lines[end]) == indent and lines[end].strip():
+                break
+            branches[-1].append(lines[end])
+            end += 1
+        named = [branch for branch in branches if "Problem with given class_path" in "\n".join(branch)]
+        not_a_path = [branch for branch in branches if "Expected a path" not in branch[0]]  # a config file's name
+        if named or len(not_a_path) < len(branches):
+            chosen = (named or not_a_path or branches)[0]
+            lines[index:end] = [chosen[0].replace("- ", "", 1), *chosen[1:]]
+            index += 1
+        else:  # the types of a Union of plain values: each says what the option takes
+            index = end
+    return "\n".join(lines)
+
+
+def _deepest_cause(message: str) -> str:
+    """What jsonargparse says under the innermost parser key: the rest of its line, and the lines below it indented
+    further (not the outer keys' own lines that follow, such as the whole config's `Given value`)."""
+    start = message.rfind('Parser key "')
+    indent = _indent(message[message.rfind("\n", 0, start) + 1 :])
+    first, *below = message[start:].split(":", 1)[1].split("\n")
+    block = [first]
+    for line in below:
+        if line.strip() and _indent(line) <= indent:
+            break
+        block.append(line)
+    return "\n".join(block) + "\n"
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _typed_without_value(option: str, argv: list[str]) -> str:
+    """The option typed without its value that argparse names by the option it belongs to (`--model` for
+    `--model.optimizer.lr`): the last one that nothing but another option follows."""
+    for index in range(len(argv) - 1, -1, -1):
+        token = argv[index]
+        follows = argv[index + 1] if index + 1 < len(argv) else "--"
+        if (token == option or token.startswith(f"{option}.")) and follows.startswith("--") and "=" not in token:
+            return token
+    return option
 
 
 def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
@@ -161,19 +224,22 @@ def guess_option(unknown: str, options: list[str]) -> str | None:
     return nearest[0] if nearest else None
 
 
-def _given_value(option: str, argv: list[str], deepest: str) -> str:
+def _given_value(option: str, argv: list[str], deepest: str, message: str) -> str:
     """The value jsonargparse refused, as the user typed it: of an option given several times the first bad one,
     which its message names; a value of a config file where no typed one is it. Where the message names none,
     the value typed, or every value typed."""
     given = values_given([token.replace("+=", "=", 1) for token in argv], option)  # `--trainer.callbacks+=Nope`
-    if reported := _reported_value(deepest):
+    given = [value if value.strip() else f"'{value}'" for value in given]  # `--data.dataset=`: shown as ''
+    if reported := _reported_value(deepest) or _reported_value(message):  # the innermost key's, else an outer's
         whole = re.compile(rf"(?<![\w.]){re.escape(reported)}(?![\w.])")  # `x` in `[0.9,x]`, not `0` in `10`
-        if typed := [value for value in given if value.strip() == reported] or [v for v in given if whole.search(v)]:
+        if typed := [value for value in given if value.strip().strip("'") == reported] or [
+            v for v in given if whole.search(v)
+        ]:
             return typed[0]
-        if not given:
-            return reported
         if _configs_named(argv):
             return f"{reported} (from a config file)"
+        if not given:
+            return reported
     if len(given) > 1:
         return f"(given {len(given)} times: {', '.join(given)})"
     return given[0] if given else ""
@@ -184,9 +250,9 @@ def _reported_value(deepest: str) -> str:
         return found.group(1)
     if found := (
         re.search(r"NestedArg\(key='[^']*', val=(?:'([^']*)'|\"([^\"]*)\")\)", deepest)
-        or re.search(r"Given value: (.*?)(?:\. Got value:|$)", deepest, re.MULTILINE)
+        or re.search(r"(?:Given|Got) value: (.*?)(?:\. Got value:|$)", deepest, re.MULTILINE)
         or re.search(r"(\S+) does not conform to restriction", deepest)
-        or re.search(r"Not of type \w+: '([^']*)': expected", deepest)  # a type of ours (DatasetName)
+        or re.search(r"Not of type \w+: (?:'([^']*)'|\"([^\"]*)\"): expected", deepest)  # a type of ours (DatasetName)
         or re.search(r"invalid literal for \w+\(\)[^:]*: '([^']*)'|could not convert string to \w+: '([^']*)'", deepest)
     ):
         return next(group for group in found.groups() if group is not None).strip()
@@ -196,7 +262,9 @@ def _reported_value(deepest: str) -> str:
 def _expected_kinds(deepest: str) -> list[str]:
     """What the option takes, in words, when the deepest cause names basic types (not a class)."""
     kinds = []
-    for restriction, expecting in re.findall(r"Not of type (\w+)(?:: (?:'[^']*': )?expected ([^\n]+))?", deepest):
+    for restriction, expecting in re.findall(
+        r"Not of type (\w+)(?:: (?:'[^']*': |\"[^\"]*\": )?expected ([^\n]+))?", deepest
+    ):
         kinds.append(expecting.strip() or KINDS.get(restriction, restriction))  # a type of ours says what it takes
     literals = [
         item.strip().strip("'")
@@ -205,6 +273,7 @@ def _expected_kinds(deepest: str) -> list[str]:
     ]
     if literals:
         kinds.append("one of " + ", ".join(dict.fromkeys(literals)))
+    kinds += [f"a list of {count} values" for count in re.findall(r"Expected a tuple with (\d+) elements", deepest)]
     for name in re.findall(r"Expected a (<class '[\w.]+'>)", deepest):
         if name in KINDS:
             kinds.append(KINDS[name])
