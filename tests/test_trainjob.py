@@ -23,8 +23,11 @@ pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leave
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")  # the command a TrainJob's container runs
 
 
-def play_a_trainjob(nproc_per_node: str, args: list[str], nodes: int = 2) -> list[tuple[int, str]]:
-    """Each node's exit status and output, once every node has ended (at most 240 s); nothing may be left running."""
+def play_a_trainjob(
+    nproc_per_node: str, args: list[str], nodes: int = 2, last_node_args: tuple[str, ...] = (), timeout: float = 240
+) -> list[tuple[int, str]]:
+    """Each node's exit status and output, once every node has ended (at most `timeout` s); nothing may be left
+    running. `last_node_args`: more arguments for the last node alone, as when its pod's command was edited."""
     port, pods = str(free_port()), []
     for node_rank in range(nodes):
         plugin = {
@@ -35,14 +38,15 @@ def play_a_trainjob(nproc_per_node: str, args: list[str], nodes: int = 2) -> lis
             "PET_MASTER_PORT": port,
         }
         env = {**os.environ, **NO_NETWORK, **plugin, "PYTHONUNBUFFERED": "1"}
+        node_args = [*args, *(last_node_args if node_rank == nodes - 1 else ())]
         pods.append(
             subprocess.Popen(
-                [TORCHRUN, "train.py", *args], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                [TORCHRUN, "train.py", *node_args], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         )  # fmt: skip
     try:
-        outputs = [pod.communicate(timeout=240)[0] for pod in pods]
+        outputs = [pod.communicate(timeout=timeout)[0] for pod in pods]
         left = [left_behind(session=pod.pid) for pod in pods]
     finally:
         for pod in pods:
@@ -78,4 +82,17 @@ def test_a_command_line_that_contradicts_the_plugins_variables_ends_in_one_line(
         ": --devices 2: torchrun started 2 node(s) x 1 process(es). Leave --devices and --num_nodes out (the"
         " launcher's are used), or make them match it."
     ), said
+    assert not (tmp_path / "SeqNet-mnist").exists()
+
+
+def test_a_node_whose_process_fails_before_the_meeting_ends_the_whole_job_in_one_line(data_dir, tmp_path):
+    """The other node's process, waiting to meet it, ends too, quietly, where it would have waited for the
+    process-group timeout (30 minutes): torchrun's agent holds the job's store, where the failed process said so."""
+    missing = tmp_path / "not-there"
+    nodes = play_a_trainjob(
+        "1", small_run(data_dir, tmp_path), last_node_args=("--data.data_dir", str(missing)), timeout=60
+    )
+    assert all(status != 0 for status, _output in nodes), nodes
+    said = [line for _status, output in nodes for line in output.splitlines() if line.startswith("error")]
+    assert len(said) == 1 and said[0].startswith("error (rank 1): MNIST is not in"), said
     assert not (tmp_path / "SeqNet-mnist").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.job.process_group import close_process_group, have_met, store_client, under_torchrun
+from app.job.process_group import FAILED, close_process_group, have_met, report_store, reported, under_torchrun
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
@@ -57,7 +57,7 @@ def speak_once(store: dist.Store, text: str, wait_s: float = SPOKEN_WAIT_S) -> N
     """Print `text` to standard error if this is the job's first process to fail (a count in the job's store); the
     others wait until it has printed, so that they end after it, and print theirs only if it never does."""
     try:
-        first = store.add("failed", 1) == 1
+        first = store.add(FAILED, 1) == 1
     except Exception:  # noqa: BLE001 (the store went with the process that held it: speak)
         first = True
     if first:
@@ -80,12 +80,12 @@ def leave_the_store(store: dist.Store, wait_s: float = REPORTED_WAIT_S) -> None:
     torchrun = under_torchrun()
     rank, world_size = _rank_and_size()
     with suppress(Exception):
-        store.set(f"reported/{rank}", "")
+        store.set(reported(rank), "")
     if rank != 0 and not torchrun:
         return
     server = None if torchrun else dist.distributed_c10d._get_default_store()  # no public handle on the store itself
     close_process_group()
-    others = [f"reported/{other}" for other in range(world_size) if other != rank]
+    others = [reported(other) for other in range(world_size) if other != rank]
     deadline = time.monotonic() + (TORCHRUN_WAIT_S if torchrun else wait_s)
     # `check`, not `wait`: a wait that times out prints torch's warnings. Ctrl-C ends the wait, not the error's exit.
     with suppress(Exception, KeyboardInterrupt):
@@ -102,16 +102,15 @@ def _rank_and_size() -> tuple[int, int]:
 
 
 def _job_store() -> dist.Store | None:
-    """The job's TCP store (None before the processes have met, or for one process), under a prefix per torchrun
-    restart: each restart speaks once more."""
+    """The job's reports in its TCP store (None before the processes have met, where torchrun's agent does not hold
+    it, or for one process)."""
     met = have_met() and dist.get_world_size() > 1
     if not (met or under_torchrun()) or "MASTER_ADDR" not in os.environ:
         return None
     try:
-        client = store_client(timeout_s=2)
+        return report_store(timeout_s=2)
     except Exception:  # noqa: BLE001 (the store has gone already)
         return None
-    return dist.PrefixStore(f"report/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
 
 
 def short_traceback(error: BaseException) -> str:

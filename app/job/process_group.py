@@ -33,6 +33,20 @@ def store_client(timeout_s: float) -> dist.TCPStore:
     )
 
 
+def report_store(timeout_s: float) -> dist.Store:
+    """Where the processes of the job say that one failed (`FAILED`) and that each has reported (`reported(rank)`):
+    a part of the job's store of its own for each restart of a torchrun job (app/command_line/speaking.py)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"report/{restart}/", store_client(timeout_s))
+
+
+FAILED = "failed"  # counted up by each process of the job that fails
+
+
+def reported(rank: int) -> str:
+    return f"reported/{rank}"
+
+
 def under_torchrun() -> bool:
     """torchrun's workers use the store of torchrun's agent, which met the other nodes before starting them."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

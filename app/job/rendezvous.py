@@ -5,13 +5,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
 from app.job.children import ctrl_c_ends_at_once
-from app.job.process_group import have_met, under_torchrun
+from app.job.process_group import FAILED, have_met, report_store, reported, under_torchrun
 from app.job.watch import watch
 
 FIRST_NOTICE_S = 10  # the first "has waited" line, then one every NOTICE_EVERY_S
@@ -45,28 +45,37 @@ class Meeting:
 
 @contextmanager
 def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_rank: int) -> Iterator[None]:
-    """While this process waits for the others to meet, say every minute what it waits for, from local rank 0.
+    """While this process waits for the others to meet, say every minute what it waits for (from the node's first
+    process), and under torchrun end it, quietly, once a process of the job has said that it failed.
 
     Without it the wait is silent until the process-group timeout, 30 minutes by default, when a node was never
-    started or was started with another MASTER_PORT. Under torchrun the agents met before they started the
-    processes: nothing to say.
+    started, was started with another MASTER_PORT, or its process failed before the meeting. Under torchrun the
+    agents hold the job's store from the start, where a process that fails says so (app/command_line/speaking.py);
+    elsewhere the store opens with the meeting itself.
     """
-    if world_size == 1 or local_rank != 0 or have_met() or under_torchrun():
+    if world_size == 1 or have_met():
         yield
         return
     started = time.monotonic()
     next_notice = [started + FIRST_NOTICE_S]  # moved on by the watch thread each time it speaks
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    reports = None
+    if under_torchrun():
+        with suppress(Exception):  # no store to read (it would have failed the meeting too): announced only
+            reports = report_store(timeout_s=5)
 
     def look() -> None:
-        if time.monotonic() >= next_notice[0]:
+        if reports is not None and _failure_said(reports):  # it said why: nothing to add, nothing to keep
+            os._exit(1)
+        if local_rank == 0 and time.monotonic() >= next_notice[0]:
             next_notice[0] += NOTICE_EVERY_S
             print(
                 f"Node {node_rank} has waited {round(time.monotonic() - started)} s at {address} for the {world_size}"
                 f" processes of the job ({num_nodes} node(s) x {world_size // num_nodes}). Usual causes: a node not"
-                " started yet, or started with another MASTER_ADDR or MASTER_PORT; a firewall closing that port;"
-                " another network interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Waiting up to the"
-                " process-group timeout (--trainer.strategy.timeout, 30 minutes by default).",
+                " started yet, or started with another MASTER_ADDR or MASTER_PORT, or whose process failed (its"
+                " output says why); a firewall closing that port; another network interface (GLOO_SOCKET_IFNAME,"
+                " NCCL_SOCKET_IFNAME). Waiting up to the process-group timeout (--trainer.strategy.timeout, 30"
+                " minutes by default).",
                 flush=True,
             )
 
@@ -81,3 +90,15 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
         print(
             f"All {world_size} processes of the job have met, after {round(time.monotonic() - started)} s.", flush=True
         )
+
+
+def _failure_said(reports: dist.Store) -> bool:
+    """Whether a process of the job said that it failed; if so, this one counts as having reported (the one that
+    failed keeps torchrun's store up until every process has)."""
+    try:
+        if not reports.check([FAILED]):
+            return False
+        reports.set(reported(int(os.environ["RANK"])), "")
+    except Exception:  # noqa: BLE001 (the agent's store has gone: its node ended, this process ends with it)
+        return False
+    return True
