@@ -360,6 +360,8 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
             ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor"],
             ["error: --trainer.callbacks.monitor: a value is missing after it."],
         ),
+        (["-c"], ["error: -c: a value is missing after it."]),
+        (["--model.optimizer.weight_decay", "-1", "--model.optimizer.lr"], ["error: --model.optimizer.lr: a value is"]),
     ],
 )
 def test_a_parser_error_says_its_deepest_cause_in_under_300_characters(args, words):
@@ -397,13 +399,26 @@ def test_a_config_file_naming_an_unknown_class_says_where_the_choices_come_from(
             "        monitor: val/acc\n        patience: x\n",
             "--trainer.callbacks.patience x (from a config file): expected an integer.",
         ),
+        (
+            "model:\n  class_path: models.SeqNet\n  init_args:\n    optimizer:\n      class_path: torch.optim.Nope\n",
+            "--model.optimizer torch.optim.Nope (from a config file): no such class.",
+        ),
     ],
-    ids=["an optimizer's learning rate", "a callback's argument"],
+    ids=["an optimizer's learning rate", "a callback's argument", "a class inside a class"],
 )
 def test_a_bad_argument_of_a_class_in_a_config_file_names_that_argument_and_value(tmp_path, config, words):
     path = tmp_path / "config.yaml"
     path.write_text(config)
     assert words in error_line(["--config", str(path)])
+
+
+def test_beside_a_config_file_a_typed_value_is_said_as_typed(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("trainer:\n  max_epochs: 1\n")
+    message = error_line(["--config", str(path), "--model.optimizer", '{"class_path": "torch.optim.Nope"}'])
+    assert 'error: --model.optimizer {"class_path": "torch.optim.Nope"}: no such class.' in message
+    missing = error_line(["--model.optimizer.lr", "-c", str(path)])  # a short option after it
+    assert missing == "error: --model.optimizer.lr: a value is missing after it."
 
 
 def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):

@@ -66,7 +66,7 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
     option name the command takes (`--trainer.max_epochs`), to point an unknown one at what it most likely meant."""
     message = _branch_tried(message)
     keys = re.findall(r'Parser key "([^"]+)"', message)
-    if missing := re.search(r"argument (--[\w.]+)\S*: expected one argument", message):
+    if missing := re.search(r"argument ((?:-\w/)?--[\w.]+)\S*: expected one argument", message):
         return _cut(f"{_typed_without_value(missing.group(1), argv)}: a value is missing after it.")
     if tag := re.search(r"could not determine a constructor for the tag '([^']+)'", message):
         return _cut(_refused_tag(tag.group(1), message, argv))
@@ -172,12 +172,14 @@ def _indent(line: str) -> int:
 def _typed_without_value(option: str, argv: list[str]) -> str:
     """The option typed without its value that argparse names by the option it belongs to (`--model` for
     `--model.optimizer.lr`): the last one that nothing but another option follows."""
+    names = option.split("/")  # `-c/--config`
     for index in range(len(argv) - 1, -1, -1):
         token = argv[index]
-        follows = argv[index + 1] if index + 1 < len(argv) else "--"
-        if (token == option or token.startswith(f"{option}.")) and follows.startswith("--") and "=" not in token:
+        follows = argv[index + 1] if index + 1 < len(argv) else "-"
+        an_option_follows = follows.startswith("-") and not re.fullmatch(r"-[\d.]+(e-?\d+)?", follows)
+        if any(token == name or token.startswith(f"{name}.") for name in names) and an_option_follows:
             return token
-    return option
+    return names[-1]
 
 
 def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
@@ -255,7 +257,9 @@ def _reported_value(deepest: str) -> str:
         or re.search(r"Not of type \w+: (?:'([^']*)'|\"([^\"]*)\"): expected", deepest)  # a type of ours (DatasetName)
         or re.search(r"invalid literal for \w+\(\)[^:]*: '([^']*)'|could not convert string to \w+: '([^']*)'", deepest)
     ):
-        return next(group for group in found.groups() if group is not None).strip()
+        value = next(group for group in found.groups() if group is not None).strip()
+        named = re.match(r"Namespace\(class_path='([\w.]+)'", value)  # a class given as a mapping
+        return named.group(1) if named else value
     return ""
 
 

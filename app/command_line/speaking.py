@@ -20,7 +20,7 @@ TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 SPOKEN_WAIT_S = 10  # how long the others wait for the first to have printed, should it be killed while it does
 REPORTED_WAIT_S = 5  # how long the store's holder waits for the others to have reported (a killed one never does)
-TORCHRUN_WAIT_S = 20  # the same under torchrun, where the processes of the nodes may still be starting
+TORCHRUN_WAIT_S = 20  # the same under torchrun before the processes meet: another node's may still be starting
 # Where installed libraries and Python's own modules live: their frames are summed up in a short traceback.
 SITE_FOLDERS = {Path(sysconfig.get_paths()[name]) for name in ("purelib", "platlib")}
 PYTHON_FOLDERS = {Path(sysconfig.get_paths()[name]) for name in ("stdlib", "platstdlib")}
@@ -75,30 +75,31 @@ def leave_the_store(store: dist.Store, wait_s: float = REPORTED_WAIT_S) -> None:
     """Say in the store that this process has reported, and keep the store up until the others have reported too, at
     most `wait_s` seconds: a process still about to report would otherwise find it gone and speak again. The store
     lives in global rank 0's process, which waits after closing the process group (on gloo that frees the others from
-    their collectives); under torchrun it lives in the agent of one node, which ends as soon as one of its processes
-    has: there every process waits, the processes of a node failing at different times (`TORCHRUN_WAIT_S`)."""
-    torchrun = under_torchrun()
-    rank, world_size = _rank_and_size()
+    their collectives). Under torchrun it lives in the agent of one node, which ends as soon as one of its processes
+    has: there every process waits before the processes have met (`TORCHRUN_WAIT_S`: another node's may still be
+    starting), and none once they have (the others learn of the failure at once, or never: a killed one)."""
+    met = have_met()
+    rank = dist.get_rank() if met else int(os.environ.get("RANK", "0"))
+    world_size = dist.get_world_size() if met else int(os.environ.get("WORLD_SIZE", "1"))
     with suppress(Exception):
         store.set(reported(rank), "")
-    if rank != 0 and not torchrun:
+    server = None
+    if under_torchrun():
+        if met:
+            return
+        wait_s = TORCHRUN_WAIT_S
+    elif rank != 0:
         return
-    server = None if torchrun else dist.distributed_c10d._get_default_store()  # no public handle on the store itself
-    close_process_group()
+    else:
+        server = dist.distributed_c10d._get_default_store()  # no public handle on the store itself
+        close_process_group()
     others = [reported(other) for other in range(world_size) if other != rank]
-    deadline = time.monotonic() + (TORCHRUN_WAIT_S if torchrun else wait_s)
+    deadline = time.monotonic() + wait_s
     # `check`, not `wait`: a wait that times out prints torch's warnings. Ctrl-C ends the wait, not the error's exit.
     with suppress(Exception, KeyboardInterrupt):
         while not store.check(others) and time.monotonic() < deadline:
             time.sleep(0.05)
     del server  # the store closes with the last reference to it
-
-
-def _rank_and_size() -> tuple[int, int]:
-    """This process's global rank and the job's size: the process group's, or before it the launcher's (torchrun)."""
-    if have_met():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 def _job_store() -> dist.Store | None:

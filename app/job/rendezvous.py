@@ -2,6 +2,7 @@
 before any process writes a file."""
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,8 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
 
     def look() -> None:
         if reports is not None and _failure_said(reports):  # it said why: nothing to add, nothing to keep
+            sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(1)
         if local_rank == 0 and time.monotonic() >= next_notice[0]:
             next_notice[0] += NOTICE_EVERY_S
@@ -94,11 +97,13 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
 
 def _failure_said(reports: dist.Store) -> bool:
     """Whether a process of the job said that it failed; if so, this one counts as having reported (the one that
-    failed keeps torchrun's store up until every process has)."""
+    failed keeps torchrun's store up until every process has). Each torchrun restart has reports of its own, by its
+    count (`report_store`)."""
     try:
         if not reports.check([FAILED]):
             return False
-        reports.set(reported(int(os.environ["RANK"])), "")
     except Exception:  # noqa: BLE001 (the agent's store has gone: its node ended, this process ends with it)
         return False
+    with suppress(Exception):
+        reports.set(reported(int(os.environ["RANK"])), "")
     return True

@@ -11,7 +11,8 @@ def watch(look: Callable[[], object], stop: threading.Event) -> threading.Thread
 
     A wait inside C code (the processes meeting in `init_process_group`, a store call to a frozen holder) may last
     without end whatever its timeout says, and Python runs nothing of that thread meanwhile. `look` makes no call
-    that can block: it reads the clock and says, or ends the process.
+    that can block, but a read of a store that the waiting call needs as well: it reads the clock and says, or ends
+    the process.
     """
 
     def run() -> None:
