@@ -361,6 +361,19 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
             ["error: --trainer.callbacks.monitor: a value is missing after it."],
         ),
         (["-c"], ["error: -c: a value is missing after it."]),
+        # An argument of an option whose value is no class
+        (
+            ["--trainer.strategy", "ddp", "--trainer.strategy.timeout", "x"],
+            ["error: --trainer.strategy.timeout: --trainer.strategy ddp names no class, so it takes no arguments"],
+        ),
+        (
+            ["--trainer.logger", "false", "--trainer.logger.save_dir", "x"],
+            ["error: --trainer.logger.save_dir: --trainer.logger false names no class"],
+        ),
+        (
+            ["--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "x"],
+            ["error: --trainer.strategy.timeout x: expected a duration such as 0:30:00"],
+        ),
         (["--model.optimizer.weight_decay", "-1", "--model.optimizer.lr"], ["error: --model.optimizer.lr: a value is"]),
     ],
 )

@@ -42,6 +42,7 @@ KINDS = {
     "NonNegativeFloat": "a number >= 0",
     "ClosedUnitInterval": "a number in [0, 1]",
     "OpenUnitInterval": "a number in (0, 1)",
+    "timedelta": "a duration such as 0:30:00",
 }
 
 
@@ -111,6 +112,14 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
         r"Multiple subclasses with name (\w+)\. Give the full class path[^:]*: (.*?)\.?\n", deepest
     ):
         return _cut(f"{option} {ambiguous.group(1)}: several classes have that name; give one of {ambiguous.group(2)}.")
+    nested = re.search(r"Given value: NestedArg\(key='([^']+)'", message)
+    if nested and "Problem with given class_path" not in message:  # `--trainer.strategy ddp --trainer.strategy.timeout`
+        typed = values_given(argv, option)
+        named = f" {typed[-1]}" if typed else ""
+        return _cut(
+            f"{option}.{nested.group(1)}: {option}{named} names no class, so it takes no arguments; name one first"
+            f" ({option} CLASS_NAME)."
+        )
     expected = _expected_kinds(deepest)
     looks_like_a_class = re.fullmatch(r"([a-z_]\w*\.)*[A-Z]\w*", value) is not None
     no_class = ("import path", "has no attribute", "No module named")
