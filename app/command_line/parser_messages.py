@@ -240,20 +240,22 @@ def _given_value(option: str, argv: list[str], deepest: str, message: str) -> st
     which its message names; a value of a config file where no typed one is it. Where the message names none,
     the value typed, or every value typed."""
     given = values_given([token.replace("+=", "=", 1) for token in argv], option)  # `--trainer.callbacks+=Nope`
-    given = [value if value.strip() else f"'{value}'" for value in given]  # `--data.dataset=`: shown as ''
     if reported := _reported_value(deepest) or _reported_value(message):  # the innermost key's, else an outer's
         whole = re.compile(rf"(?<![\w.]){re.escape(reported)}(?![\w.])")  # `x` in `[0.9,x]`, not `0` in `10`
-        if typed := [value for value in given if value.strip().strip("'") == reported] or [
-            v for v in given if whole.search(v)
-        ]:
-            return typed[0]
+        if typed := [value for value in given if value.strip() == reported] or [v for v in given if whole.search(v)]:
+            return _as_typed(typed[0])
         if _configs_named(argv):
             return f"{reported} (from a config file)"
         if not given:
             return reported
     if len(given) > 1:
-        return f"(given {len(given)} times: {', '.join(given)})"
-    return given[0] if given else ""
+        return f"(given {len(given)} times: {', '.join(map(_as_typed, given))})"
+    return _as_typed(given[0]) if given else ""
+
+
+def _as_typed(value: str) -> str:
+    """A value as the user typed it; an empty one (`--data.dataset=`) as ''."""
+    return value if value.strip() else f"'{value}'"
 
 
 def _reported_value(deepest: str) -> str:

@@ -57,13 +57,16 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     if world_size == 1 or have_met():
         yield
         return
-    started = time.monotonic()
-    next_notice = [started + FIRST_NOTICE_S]  # moved on by the watch thread each time it speaks
-    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     reports = None
     if under_torchrun():
         with suppress(Exception):  # no store to read (it would have failed the meeting too): announced only
             reports = report_store(timeout_s=5)
+    if local_rank != 0 and reports is None:  # nothing to say, nothing to read
+        yield
+        return
+    started = time.monotonic()
+    next_notice = [started + FIRST_NOTICE_S]  # moved on by the watch thread each time it speaks
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
     def look() -> None:
         if reports is not None and _failure_said(reports):  # it said why: nothing to add, nothing to keep
