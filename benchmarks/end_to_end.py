@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -150,7 +151,9 @@ def time_command(command: list[str], processes: int, train_py: bool) -> dict:
             if line.startswith("Finished:") and summary_at is None:
                 summary_at = time.time()
                 words = line.split()[1:]  # Finished: test/acc 0.9912  test/loss 0.0301 ...
-                metrics = {name: float(value) for name, value in zip(words[::2], words[1::2], strict=True)}
+                metrics |= {name: float(value) for name, value in zip(words[::2], words[1::2], strict=True)}
+            if warm := re.search(r"warm training s: ([\d.]+)", line):  # benchmarks/warm_clock.py, where added
+                metrics["warm training s"] = float(warm[1])  # (after a progress bar's carriage return, maybe)
         code = process.wait(timeout=1800)
         end = time.time()
         if code != 0:

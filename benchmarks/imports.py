@@ -57,7 +57,8 @@ def main() -> None:
 
 def import_times(checkout: Path) -> dict[str, float]:
     """Seconds spent in each package's own modules while `import train, app.main` runs in `checkout`."""
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # The checkout first; what PYTHONPATH already holds after it (packages carried there, as on a lent GPU machine).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import gc; gc.disable(); import train, app.main"],
         cwd=checkout,

@@ -3,8 +3,9 @@
 Each variant adds its options to the common ones; every round runs each variant once, in a fresh folder, so that the
 machine's slow moments hit all of them. For each: the whole command (Enter to prompt), the time to the first training
 step, the training time (`phases.py`), the steady step and the samples per second it gives, and the test accuracy.
-Used for what a setting changes in a whole run (`--model.compile reduce-overhead` on a GPU, say), for time to accuracy
-over seeds (a variant per seed), and for start-up on one launcher against another.
+Where a command adds `benchmarks.warm_clock.WarmClock`, its training time as a speed record measures it too (warm
+training s: each run's). Used for what a setting changes in a whole run (`--model.compile reduce-overhead` on a GPU,
+say), for time to accuracy over seeds (a variant per seed), and for start-up on one launcher against another.
 
     python benchmarks/variants.py --data-dir ../shared/datasets --rounds 2 \\
         --common "--model ConvNet --data.dataset mnist --trainer.max_epochs 2" \\
@@ -44,17 +45,23 @@ def main() -> None:
             print(f"round {round_index + 1}: {name}: {summary(run)}", file=sys.stderr, flush=True)
 
     print(f"\npython train.py {args.common} --data.data_dir DATA, and each variant's options; medians of {args.rounds}")
-    print("| variant | options | whole command s | first step s | training s | step ms | samples/s/rank | test/acc |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| variant | options | whole command s | first step s | training s | step ms | samples/s/rank | test/acc"
+        " | warm training s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, runs in results.items():
         figures = [statistics.median(run[key] for run in runs) for key in ("wall", "first step", "training")]
         steps = [run["step_ms"] for run in runs if run["step_ms"] is not None]  # none in a run of 21 steps or fewer
         step_ms = statistics.median(steps) if steps else float("nan")
         accuracy = ", ".join(f"{run['metrics'].get('test/acc', float('nan')):.4f}" for run in runs)
+        warm = ", ".join(
+            f"{run['metrics']['warm training s']:.3f}" for run in runs if "warm training s" in run["metrics"]
+        )
         samples = batch_of(common + shlex.split(variants[name])) / step_ms * 1000
         print(
             f"| {name} | `{variants[name]}` | {' | '.join(f'{x:.2f}' for x in figures)} | {step_ms:.2f} | "
-            f"{samples:,.0f} | {accuracy} |"
+            f"{samples:,.0f} | {accuracy} | {warm} |"
         )
 
 

@@ -39,10 +39,12 @@ class ImageClassifier(LightningModule):
     every batch and peaking at the optimizer's `lr`: a short warm-up, then annealing, so that the weights at the end
     of a short run are good ones (a constant rate leaves them noisy). A run without a known end (`--trainer.max_epochs
     -1` and no `--trainer.max_steps`) has no cycle to plan and keeps the rate constant, as `--model.one_cycle false`
-    does; a scheduler given with `--model.lr_scheduler` is stepped once per epoch, Lightning's default. The
-    default Adam is torch's fused one (`fused=True`), which updates every parameter in one kernel instead of several
-    small operations per tensor: the training step was 1.06x as fast on CPU, and on a GPU it saves kernel launches
-    (`--model.optimizer.fused false` for the per-tensor loop).
+    does. The schedule also cycles the momentum (Adam's first beta) between 0.95 and 0.85 against the rate;
+    `--model.cycle_momentum false` keeps the optimizer's own (`--model.optimizer.betas`). A scheduler given with
+    `--model.lr_scheduler` is stepped once per epoch, Lightning's default. The default Adam is torch's fused one
+    (`fused=True`), which updates every parameter in one kernel instead of several small operations per tensor: the
+    training step was 1.06x as fast on CPU, and on a GPU it saves kernel launches (`--model.optimizer.fused false`
+    for the per-tensor loop).
 
     Two speed options (benchmarks/README.md has what each gained where measured): `channels_last` (on) stores
     images and convolution weights in NHWC order, which made ConvNet's training step 1.24x as fast on CPU and which
@@ -59,13 +61,14 @@ class ImageClassifier(LightningModule):
     net: nn.Module
     # The settings of how the network trains and how fast, not of what it is: a run continued with `--ckpt_path last`
     # may change these (app/run/replan.py), and keeps every other setting it was built with.
-    training_settings = ("optimizer", "lr_scheduler", "one_cycle", "channels_last", "compile")
+    training_settings = ("optimizer", "lr_scheduler", "one_cycle", "cycle_momentum", "channels_last", "compile")
 
     def __init__(
         self,
         optimizer: OptimizerCallable = lambda params: torch.optim.Adam(params, lr=0.01, fused=True),
         lr_scheduler: LRSchedulerCallable | None = None,
         one_cycle: bool = True,
+        cycle_momentum: bool = True,
         channels_last: bool = True,
         compile: bool | Literal["reduce-overhead", "max-autotune"] = False,
         pixel_mean: float | None = None,
@@ -205,9 +208,13 @@ class ImageClassifier(LightningModule):
         # --trainer.limit_train_batches 0: no training step; --trainer.max_epochs -1 without max_steps: no known end.
         if total_steps < 1 or not math.isfinite(total_steps):
             return optimizer
-        # The momentum (or Adam's first beta) cycles against the learning rate, where the optimizer has one.
-        cycle_momentum = "momentum" in optimizer.defaults or "betas" in optimizer.defaults
+        # The momentum (or Adam's first beta) cycles against the learning rate, where the optimizer has one, unless
+        # `cycle_momentum` is off: then the optimizer's own (`--model.optimizer.betas`) holds throughout.
+        has_momentum = "momentum" in optimizer.defaults or "betas" in optimizer.defaults
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=peak_lrs, total_steps=int(total_steps), cycle_momentum=cycle_momentum
+            optimizer,
+            max_lr=peak_lrs,
+            total_steps=int(total_steps),
+            cycle_momentum=self.hparams.cycle_momentum and has_momentum,
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

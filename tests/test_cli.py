@@ -106,9 +106,10 @@ def test_defaults_are_seqnet_on_fashion_mnist_with_ddp(capsys):
     [
         ("seqnet_fashion_mnist.yaml", "models.SeqNet", "torch.optim.Adam", 0.01, "fashion_mnist", 100, 10),
         ("convnet_mnist.yaml", "models.ConvNet", "torch.optim.Adadelta", 0.01, "mnist", 64, 5),
+        ("convnet_fast_gpu.yaml", "models.ConvNet", "torch.optim.Adam", 0.02, "mnist", 512, 2),
     ],
 )
-def test_tutorial_recipes_load(capsys, config_file, model, optimizer, lr, dataset, batch_size, max_epochs):
+def test_the_recipes_of_configs_load(capsys, config_file, model, optimizer, lr, dataset, batch_size, max_epochs):
     config = print_config(capsys, "--config", str(REPO / "configs" / config_file), "--devices", "2")
     model_config = config["model"]
     assert model_config["class_path"] == model

@@ -336,6 +336,9 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
         ),
         (["--trainer.precision", "17"], ["--trainer.precision 17: expected one of", "16-mixed"]),
         (["--model.one_cycle", "maybe"], ["--model.one_cycle maybe: expected true or false"]),
+        # A size the network cannot be built with, said by the model, not as a bug
+        (["--model", "ConvNet", "--model.kernel_sizes", "[27, 3]"], ["--model.kernel_sizes [27, 3] leave no pixel"]),
+        (["--model", "ConvNet", "--model.channels", "[24, 0]"], ["--model.channels [24, 0]: expected a positive"]),
         (["--model.optimizer.betas", "3"], ["--model.optimizer.betas 3: expected a list"]),
         (["--model.lr_scheduler", "StepLR"], ["StepLR needs --model.lr_scheduler.step_size"]),
         (["--model.lr_scheduler", "ReduceLROnPlateau"], ["several classes have that name", "torch.optim.lr_scheduler"]),

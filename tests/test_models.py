@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from torch import nn
 
 from datamodules import MNISTDataModule
@@ -24,6 +24,16 @@ def test_networks_have_the_tutorials_sizes_and_output_ten_logits(model_class, pa
     model = model_class(pixel_mean=0.5, pixel_std=0.25)
     assert sum(p.numel() for p in model.parameters()) == parameters
     assert model(torch.zeros(4, 28, 28, dtype=torch.uint8)).shape == (4, 10)  # raw pixels, as the IDX files hold
+
+
+def test_convnet_of_the_fast_gpu_recipe_has_the_records_sizes_and_outputs_ten_logits():
+    """configs/convnet_fast_gpu.yaml: tuomaso/train_mnist_fast's net (conv 1->24 5x5, conv 24->32 3x3, 800 -> 256 -> 10,
+    no BatchNorm)."""
+    sizes = {"channels": (24, 32), "kernel_sizes": (5, 3), "hidden": 256, "batch_norm": False}
+    model = ConvNet(**sizes, pixel_mean=0.5, pixel_std=0.25)
+    assert sum(p.numel() for p in model.parameters()) == 624 + 6_944 + 205_056 + 2_570
+    assert not any(isinstance(layer, nn.BatchNorm2d) for layer in model.modules())
+    assert model(torch.zeros(4, 28, 28, dtype=torch.uint8)).shape == (4, 10)
 
 
 @pytest.mark.parametrize("model_class", [SeqNet, ConvNet])
@@ -65,6 +75,35 @@ def test_model_learns_the_synthetic_task_normalising_with_its_datasets_statistic
     assert (model.hparams.pixel_mean, model.hparams.pixel_std) == (mean, std)
     (results,) = trainer.test(model, datamodule=datamodule, verbose=False)
     assert results["test/acc"] >= 0.85  # chance is 0.1, the best possible about 0.95
+
+
+@pytest.mark.parametrize(("cycle_momentum", "first_betas"), [(True, [0.95, 0.9, 0.85]), (False, [0.7, 0.7, 0.7])])
+def test_the_one_cycle_schedule_cycles_adams_first_beta_unless_told_to_keep_the_optimizers(
+    data_dir, tmp_path, cycle_momentum, first_betas
+):
+    """configs/convnet_fast_gpu.yaml gives Adam betas (0.7, 0.9); the schedule would replace the first with its own."""
+    seen = []
+
+    class Betas(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(round(trainer.optimizers[0].param_groups[0]["betas"][0], 4))
+
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=10,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Betas()],
+        default_root_dir=tmp_path,
+    )
+    adam = lambda params: torch.optim.Adam(params, lr=0.01, betas=(0.7, 0.9))  # noqa: E731
+    model = SeqNet(optimizer=adam, cycle_momentum=cycle_momentum)
+    trainer.fit(model, datamodule=MNISTDataModule(dataset="mnist", data_dir=str(data_dir), val_size=200, batch_size=50))
+    assert seen[:3] == first_betas
+    assert trainer.optimizers[0].param_groups[0]["betas"][1] == 0.9
 
 
 def synthetic_test_set(data_dir) -> tuple[torch.Tensor, torch.Tensor]:

@@ -314,6 +314,34 @@ def test_a_logger_of_the_users_cannot_continue_a_run_in_its_folder(data_dir, tmp
     )
 
 
+def test_a_run_recorded_before_its_model_gained_an_argument_continues_where_the_default_rebuilds_it(
+    data_dir, tmp_path, adadelta_run
+):
+    """A run of an earlier version of this program holds no `cycle_momentum` (added since, default true) in its record
+    or its checkpoint: continued, the argument at its default is no change of the model; another value is."""
+    run = copy_of(adadelta_run, tmp_path)
+    record = yaml.safe_load((run / "config.yaml").read_text())
+    del record["model"]["init_args"]["cycle_momentum"]
+    (run / "config.yaml").write_text(yaml.safe_dump(record))
+    for path in (run / "checkpoints").glob("*.ckpt"):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        del checkpoint["hyper_parameters"]["cycle_momentum"]
+        torch.save(checkpoint, path)
+    args = ("--trainer.max_epochs", "2", "--ckpt_path", "last")
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "changed: --trainer.max_epochs 1 -> 2." in result.stderr
+    before = {"model": {"class_path": "models.ConvNet", "init_args": {"one_cycle": True}}}
+    sizes = {"channels": [32, 64], "kernel_sizes": (3, 3), "hidden": 128, "batch_norm": True, "cycle_momentum": True}
+    after = {"model": {"class_path": "models.ConvNet", "init_args": {"one_cycle": True, **sizes}}}
+    assert changes_between(before, after) == []
+    after["model"]["init_args"] |= {"channels": [24, 32], "cycle_momentum": False}
+    assert list(map(str, changes_between(before, after))) == [
+        "--model.channels null -> [24, 32]",
+        "--model.cycle_momentum null -> false",
+    ]
+
+
 def test_what_a_command_changes_is_each_option_once_and_a_new_class_without_its_arguments():
     before = {
         "trainer": {"max_epochs": 1, "devices": "auto"},

@@ -2,6 +2,8 @@
 that come with it as defaults, and what the command line changes on top of them (docs/run-folder.md). How a run
 trains may change (`replan.py`); what the network is may not."""
 
+import importlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,7 +160,9 @@ def differences(before: Any, after: Any, option: str = "-") -> list[Change]:
             # The new class's learning rate, which jsonargparse carries over from the old class when both take one
             lr = (after.get("init_args") or {}).get("lr") if _is_class(after) else None
             return [Change(option, _class_of(before), _class_of(after), lr)]
-        before, after = before.get("init_args") or {}, after.get("init_args") or {}
+        class_path, before, after = before["class_path"], before.get("init_args") or {}, after.get("init_args") or {}
+        # An argument the class gained after the run was recorded, at its default: what the run was built with.
+        after = {key: value for key, value in after.items() if key in before or not _is_default(class_path, key, value)}
     if isinstance(before, dict) and isinstance(after, dict):
         separator = "." if option != "-" else "-"
         return [
@@ -177,6 +181,26 @@ def model_changes(changes: list[Change], training_settings: tuple[str, ...]) -> 
         if change.option == "--model"
         or (change.option.startswith("--model.") and change.option.split(".")[1] not in training_settings)
     ]
+
+
+def _is_default(class_path: str, key: str, value: Any) -> bool:
+    """Whether `value` is the default of argument `key` of class `class_path` (or of the base class that its
+    `**kwargs` hand `key` on to)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    for klass in inspect.getmro(cls):
+        parameter = inspect.signature(klass.__init__).parameters.get(key)
+        if parameter is not None:
+            return parameter.default is not inspect.Parameter.empty and _plain(parameter.default) == _plain(value)
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """A value as a record holds it (a tuple as a list), to compare a default with a recorded or parsed value."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _is_class(value: Any) -> bool:

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU figures of benchmarks/README.md ("Round 3 on an H200") in one go, for a machine lent for minutes: each step
+# with a time limit, its whole output in OUT_DIR/STEP.log, the end of it printed.
+#   bash benchmarks/on_a_gpu.sh DATA_DIR OUT_DIR
+# DATA_DIR holds MNIST/raw/ (the .gz files are unpacked beside them). Run from the repository root; on the lent
+# machine of 2026-11-27 (H200) steps 1, 2 and 4 took 4.5 minutes, step 3 one more.
+set -u
+data=$(realpath "$1") out=$2
+mkdir -p "$out"
+for packed in "$data"/MNIST/raw/*.gz; do [ -e "${packed%.gz}" ] || gunzip -k "$packed"; done
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+step() {  # NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date +%T)): $*"
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "== $name: exit $? at $(date +%T)"
+    grep -v -e "it/s" -e "^\s*$" "$out/$name.log" | tail -n "${TAIL:-14}"
+}
+
+step machine 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | grep "Model name";
+  nproc; python3 -c "import torch, lightning, torchvision, torchmetrics, jsonargparse, torchdata, sys;
+print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cudnn.version(),
+lightning.__version__, torchvision.__version__, torchmetrics.__version__, jsonargparse.__version__)"'
+
+# 1. The anchor loop, the bare Trainer and train.py's step, interleaved.
+step device_step 170 python3 benchmarks/device_step.py --data-dir "$data" --steps 150 --rounds 3
+
+# 2. Time to 99.0% through train.py: the recipe of configs/convnet_fast_gpu.yaml, three seeds, and round 2's recipe.
+clock="--trainer.callbacks+=benchmarks.warm_clock.WarmClock --data.batch_size 512"
+recipe="--config $PWD/configs/convnet_fast_gpu.yaml $clock"
+round2="--model ConvNet --data.dataset mnist --data.on_device true --model.optimizer.lr 0.05 --trainer.max_epochs 2 $clock"
+step recipe 170 python3 benchmarks/variants.py --data-dir "$data" \
+    --variant "seed 1=$recipe --seed_everything 1" --variant "seed 2=$recipe --seed_everything 2" \
+    --variant "seed 3=$recipe --seed_everything 3" --variant "round 2's recipe, seed 1=$round2 --seed_everything 1" \
+    --variant "one device (no DDP), seed 1=$recipe --trainer.strategy auto --seed_everything 1"
+
+# 3. The fault machinery on NCCL (one process), and a frozen process named (gloo, the CPU cores).
+step tests 150 python3 -m pytest -p no:cacheprovider -q tests/test_gpu.py \
+    "tests/test_stalls.py::test_a_frozen_process_is_named_and_the_job_ends"
+
+# 4. The whole command against the tutorial's GPU program, and where start-up's imports go.
+step whole 90 python3 benchmarks/end_to_end.py --data-dir "$data" --rows convnet --processes 1 --rounds 1 \
+    --accelerator gpu
+step imports 30 python3 benchmarks/imports.py --rounds 1
