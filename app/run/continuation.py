@@ -192,7 +192,10 @@ def _is_default(class_path: str, key: str, value: Any) -> bool:
     except (ImportError, AttributeError, ValueError):
         return False
     for klass in inspect.getmro(cls):
-        parameter = inspect.signature(klass.__init__).parameters.get(key)
+        try:
+            parameter = inspect.signature(klass.__init__).parameters.get(key)
+        except (TypeError, ValueError):  # a class written in C may tell no signature
+            continue
         if parameter is not None:
             return parameter.default is not inspect.Parameter.empty and _plain(parameter.default) == _plain(value)
     return False
