@@ -10,9 +10,14 @@ LOWEST_PYTHON ?= python3.10
 $(PY):
 	python3 -m venv $(VENV)
 
-install: $(PY)
+# Installed once, and again when pyproject.toml changes: `make test` after `make install` (as CI runs them) does not
+# ask pip a second time.
+$(VENV)/installed: pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/installed
 
 train: install
 	$(PY) train.py $(ARGS)
