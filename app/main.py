@@ -11,7 +11,6 @@ from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERR
 from app.command_line.quiet import silence_noise
 from app.command_line.speaking import TRACEBACK_WANTED, bug_report, error_line, report
 from app.command_line.train_cli import STOPS, TrainCLI
-from app.errors import UserError
 from app.job.children import end_after_the_first_process, wait_for_the_others
 from app.job.network import choose_socket_interface
 from app.job.process_group import close_process_group, have_met
@@ -62,27 +61,11 @@ def run(argv: list[str]) -> tuple[int, bool]:
 
 def _what_went_wrong(error: Exception, args: list[str]) -> str:
     """A mistake in one line; a bug with a short traceback."""
-    error = _mistake_within(error)
     if isinstance(error, (*USER_ERRORS, *RENDEZVOUS_ERRORS, ExportError)):
         return error_line(describe(error, args))
     if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
         return error_line(PEER_LOST_MESSAGE)
     return bug_report(error)
-
-
-def _mistake_within(error: BaseException) -> BaseException:
-    """The user's mistake that an error came from, or the error itself. jsonargparse tries each class a `--model`
-    could be in turn and wraps what a model's `__init__` raised ("Does not validate against any of the Union
-    subtypes"), so a `UserError` of the model's (a size it cannot build) is that error's cause."""
-    if isinstance(error, USER_ERRORS):
-        return error
-    cause, seen = error.__cause__, {id(error)}
-    while cause is not None and id(cause) not in seen:  # a chain can loop (`raise error from error`)
-        if isinstance(cause, UserError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__
-    return error
 
 
 def end(status: int) -> NoReturn:

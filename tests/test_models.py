@@ -54,21 +54,18 @@ def test_seqnet_has_no_log_softmax_inside_and_uses_sigmoid():
     assert layers.count(nn.Sigmoid) == 2
 
 
+def quiet_trainer(root, **settings) -> Trainer:
+    """One process on the CPU, writing nothing: no logger, checkpoints, progress bar or model summary."""
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return Trainer(accelerator="cpu", devices=1, default_root_dir=root, **quiet, **settings)
+
+
 @pytest.mark.parametrize(("model_class", "dataset"), [(SeqNet, "mnist"), (ConvNet, "fashion_mnist")])
 def test_model_learns_the_synthetic_task_normalising_with_its_datasets_statistics(
     data_dir, tmp_path, model_class, dataset
 ):
     datamodule = MNISTDataModule(dataset=dataset, data_dir=str(data_dir), val_size=200, batch_size=50)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path, max_epochs=2)
     model = model_class()
     trainer.fit(model, datamodule=datamodule)
     _dataset_class, mean, std = DATASETS[dataset]
@@ -88,17 +85,7 @@ def test_the_one_cycle_schedule_cycles_adams_first_beta_unless_told_to_keep_the_
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             seen.append(round(trainer.optimizers[0].param_groups[0]["betas"][0], 4))
 
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=10,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[Betas()],
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_steps=10, limit_val_batches=0, callbacks=[Betas()])
     adam = lambda params: torch.optim.Adam(params, lr=0.01, betas=(0.7, 0.9))  # noqa: E731
     model = SeqNet(optimizer=adam, cycle_momentum=cycle_momentum)
     trainer.fit(model, datamodule=MNISTDataModule(dataset="mnist", data_dir=str(data_dir), val_size=200, batch_size=50))

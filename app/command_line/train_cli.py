@@ -294,6 +294,10 @@ class TrainCLI(LightningCLI):
         except VALUE_ERRORS as error:
             if isinstance(error, OWN_ERRORS):
                 raise
+            # What a class's __init__ said, wrapped by jsonargparse as it tries each of --model's classes ("Does not
+            # validate against any of the Union subtypes"): said as it was.
+            if isinstance(own := error.__cause__, OWN_ERRORS):
+                raise own from own.__cause__
             subcommand = self.config.subcommand
             # The subcommand parser's defaults tell the options the user set (no public accessor)
             config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()

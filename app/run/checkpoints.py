@@ -52,9 +52,15 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
 def saved_model_class(checkpoint: dict[str, Any]) -> type | None:
     """The LightningModule class a checkpoint names (`hyper_parameters._class_path`) in a module imported already,
     else None: a checkpoint cannot choose code to run. (`ImageClassifier.load_from_checkpoint` would build the base.)"""
-    module_name, _, class_name = checkpoint.get("hyper_parameters", {}).get("_class_path", "").rpartition(".")
+    found = imported_class(checkpoint.get("hyper_parameters", {}).get("_class_path", ""))
+    return found if found is not None and issubclass(found, LightningModule) else None
+
+
+def imported_class(path: str) -> type | None:
+    """The class `module.Name` names, in a module imported already, else None: naming a class runs no code."""
+    module_name, _, class_name = path.rpartition(".")
     found = getattr(sys.modules.get(module_name), class_name, None)
-    return found if isinstance(found, type) and issubclass(found, LightningModule) else None
+    return found if isinstance(found, type) else None
 
 
 def _unreadable(path: Path, option: str) -> str:

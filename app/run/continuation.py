@@ -2,7 +2,6 @@
 that come with it as defaults, and what the command line changes on top of them (docs/run-folder.md). How a run
 trains may change (`replan.py`); what the network is may not."""
 
-import importlib
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from app.errors import UserError
-from app.run.checkpoints import read_checkpoint
+from app.run.checkpoints import imported_class, read_checkpoint
 from app.run.folder import (
     is_run,
     last_checkpoint_of,
@@ -186,10 +185,8 @@ def model_changes(changes: list[Change], training_settings: tuple[str, ...]) -> 
 def _is_default(class_path: str, key: str, value: Any) -> bool:
     """Whether `value` is the default of argument `key` of class `class_path` (or of the base class that its
     `**kwargs` hand `key` on to)."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+    cls = imported_class(class_path)  # imported already: the command names the same class
+    if cls is None:
         return False
     for klass in inspect.getmro(cls):
         try:
