@@ -14,7 +14,9 @@ the steps are timed (`warm_clock.TrainingClock`), not what runs between two epoc
 - bare: `Trainer(strategy="ddp")` with nothing that does not train (`bare_trainer.py`), train.py's datamodule
   with `on_device`;
 - bare, one device: the same with `strategy="auto"` (no DDP wrapper, no all-reduce);
-- train.py: train.py's `fit` as its command line builds it, `--data.on_device true`.
+- train.py: train.py's `fit` as its command line builds it, `--data.on_device true`;
+- train.py, one device: the same with `--trainer.strategy auto`, as `configs/convnet_fast_gpu.yaml` runs it;
+- train.py, CUDA graph: that with `--model.cuda_graph true` (the network's forward and backward replayed as graphs).
 
 For ConvNet's defaults and for the net of `--config` (its `model.init_args`, read from the YAML), at
 `--batch-size`. On a CPU it runs too (for checking the script), with the data in host memory and no graphed loop.
@@ -40,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.ddp_paths import run_torchrun, sync  # noqa: E402
 from benchmarks.warm_clock import TrainingClock  # noqa: E402
 
-LOOPS = ("plain", "graphed", "bare", "bare, one device", "train.py")
+LOOPS = ("plain", "graphed", "bare", "bare, one device", "train.py", "train.py, one device", "train.py, CUDA graph")
 NET_OPTIONS = ("channels", "kernel_sizes", "hidden", "batch_norm")  # ConvNet's size; the rest is how it trains
 
 
@@ -70,13 +72,16 @@ def print_table(args: argparse.Namespace, result: dict) -> None:
         f"\n{result['device']}; torch {result['torch']}, Lightning {result['lightning']}; batch {args.batch_size},"
         f" {args.rounds} rounds of {args.steps} timed steps per loop, interleaved; ms per step, median (fastest round)"
     )
-    print(f"| net | {' | '.join(LOOPS)} | train.py / plain | train.py / bare |")
-    print(f"| --- |{' --- |' * len(LOOPS)} --- | --- |")
+    ratios = "train.py / plain | train.py / bare | train.py, one device / plain | train.py, CUDA graph / plain"
+    print(f"| net | {' | '.join(LOOPS)} | {ratios} |")
+    print(f"| --- |{' --- |' * (len(LOOPS) + 4)}")
     for net, times in result["nets"].items():
         ms = {loop: statistics.median(rounds) for loop, rounds in times.items() if rounds}
         cells = [f"{ms[loop]:.2f} ({min(times[loop]):.2f})" if loop in ms else "" for loop in LOOPS]
         print(
-            f"| {net} | {' | '.join(cells)} | {ms['train.py'] / ms['plain']:.2f} | {ms['train.py'] / ms['bare']:.2f} |"
+            f"| {net} | {' | '.join(cells)} | {ms['train.py'] / ms['plain']:.2f} | {ms['train.py'] / ms['bare']:.2f}"
+            f" | {ms['train.py, one device'] / ms['plain']:.2f} |"
+            + (f" {ms['train.py, CUDA graph'] / ms['plain']:.2f} |" if "train.py, CUDA graph" in ms else " |")
         )
 
 
@@ -111,7 +116,14 @@ def run_worker(args: argparse.Namespace) -> None:
                     print(f"graphed loop failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             times[net]["bare"].append(bare_fit(args, sizes, strategy="ddp"))
             times[net]["bare, one device"].append(bare_fit(args, sizes, strategy="auto"))
-            times[net]["train.py"].append(train_py_fit(args, sizes, root))
+            times[net]["train.py"].append(train_py_fit(args, sizes, root, strategy="ddp"))
+            times[net]["train.py, one device"].append(train_py_fit(args, sizes, root, strategy="auto"))
+            if device.type == "cuda":
+                try:
+                    graph = ["--model.cuda_graph", "true"]
+                    times[net]["train.py, CUDA graph"].append(train_py_fit(args, sizes, root, "auto", *graph))
+                except Exception as error:  # noqa: BLE001
+                    print(f"train.py with a CUDA graph failed: {type(error).__name__}: {error}", file=sys.stderr)
     result = {"nets": times, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"}
     result |= {"torch": torch.__version__, "lightning": lightning.__version__}
     Path(args.out, "result.json").write_text(json.dumps(result))
@@ -213,8 +225,9 @@ def bare_fit(args, sizes, strategy: str) -> float:
     return clock.ms_per_step()
 
 
-def train_py_fit(args, sizes, root: Path) -> float:
-    """train.py's `fit`, as its command line builds it, plus the clock; the net's sizes given as its options."""
+def train_py_fit(args, sizes, root: Path, strategy: str, *extra: str) -> float:
+    """train.py's `fit`, as its command line builds it, plus the clock; the net's sizes, the strategy and `extra`
+    given as its options."""
     from app.command_line.train_cli import TrainCLI
 
     options = ["--model", "ConvNet", "--data.dataset", "mnist", "--data.batch_size", str(args.batch_size)]
@@ -222,8 +235,9 @@ def train_py_fit(args, sizes, root: Path) -> float:
     options += ["--data.on_device", str(torch.cuda.is_available()).lower(), "--data.data_dir", args.data_dir]
     options += ["--trainer.default_root_dir", str(root), "--trainer.max_steps", str(args.warmup + args.steps)]
     options += ["--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0"]
+    options += ["--trainer.strategy", strategy, "--trainer.devices", "1"]
     clock = "--trainer.callbacks+=benchmarks.warm_clock.TrainingClock"
-    options += [clock, f"--trainer.callbacks.skip_steps={args.warmup}"]
+    options += [clock, f"--trainer.callbacks.skip_steps={args.warmup}", *extra]
     trainer = TrainCLI(["fit", *options]).trainer
     return next(callback for callback in trainer.callbacks if type(callback).__name__ == "TrainingClock").ms_per_step()
 

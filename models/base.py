@@ -6,11 +6,13 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from app.errors import UserError
 
 NUM_CLASSES = 10
 
@@ -51,7 +53,14 @@ class ImageClassifier(LightningModule):
     convolution kernels on recent GPUs prefer (SeqNet has no convolutions: nothing changes); `compile` (off)
     compiles the network's forward and backward with `torch.compile`, at a start-up cost (`reduce-overhead` or
     `max-autotune` for torch.compile's mode of that name, which use CUDA graphs on a GPU); the state dict keeps its
-    keys, so checkpoints load either way.
+    keys, so checkpoints load either way. A third, `cuda_graph` (off), is for a GPU whose step is short enough that
+    launching its kernels one by one is most of it (a small net, the data on the device): the network's forward and
+    backward are captured in CUDA graphs at the first training step, with torch's `make_graphed_callables` (its
+    "partial-network capture"), and replayed at every training step whose batch has that size, so the host launches
+    two graphs instead of each kernel; the loss, the optimizer and Lightning's loop stay as they are. One process
+    only (a graph holds no gradient all-reduce), float32, no gradient accumulation (a replay overwrites the gradients
+    it gave), and not with `compile`; a batch of another size (an epoch's last) and evaluation run the network as
+    usual.
 
     Each stage has its own torchmetrics objects. Under DDP they sum their states (correct predictions, loss times
     samples, sample counts) over all ranks before computing, so a validation or test figure is weighted by samples,
@@ -61,7 +70,15 @@ class ImageClassifier(LightningModule):
     net: nn.Module
     # The settings of how the network trains and how fast, not of what it is: a run continued with `--ckpt_path last`
     # may change these (app/run/replan.py), and keeps every other setting it was built with.
-    training_settings = ("optimizer", "lr_scheduler", "one_cycle", "cycle_momentum", "channels_last", "compile")
+    training_settings = (
+        "optimizer",
+        "lr_scheduler",
+        "one_cycle",
+        "cycle_momentum",
+        "channels_last",
+        "compile",
+        "cuda_graph",
+    )
 
     def __init__(
         self,
@@ -71,6 +88,7 @@ class ImageClassifier(LightningModule):
         cycle_momentum: bool = True,
         channels_last: bool = True,
         compile: bool | Literal["reduce-overhead", "max-autotune"] = False,
+        cuda_graph: bool = False,
         pixel_mean: float | None = None,
         pixel_std: float | None = None,
     ) -> None:
@@ -89,12 +107,41 @@ class ImageClassifier(LightningModule):
         self.confusion_matrices: dict[str, Tensor] = {}
         # The model summary's sizes, the TensorBoard graph and the exported files' input: one raw image.
         self.example_input_array = torch.zeros(1, 28, 28, dtype=torch.uint8)
+        # `cuda_graph`: the network's graphed forward, and the input size it was captured at; made at the first
+        # training step of each fit (the parameters may have moved since the last one).
+        self._graphed_forward = None
+        self._graphed_shape: torch.Size | None = None
 
     def setup(self, stage: str) -> None:
-        """When fitting without statistics given, take those of the datamodule's dataset."""
+        """When fitting without statistics given, take those of the datamodule's dataset; refuse a Trainer the model
+        cannot be fitted with."""
         datamodule = self.trainer.datamodule
         if stage == "fit" and self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
             self.hparams.pixel_mean, self.hparams.pixel_std = datamodule.mean, datamodule.std
+        if stage == "fit":
+            self.check_fit(self.trainer)
+
+    def check_fit(self, trainer: Trainer) -> None:
+        """Refuse a Trainer this model cannot be fitted with: what `cuda_graph` needs. train.py asks before it starts
+        the processes; `setup` asks again, for a Trainer of a user's own code."""
+        if not self.hparams.cuda_graph:
+            return
+        needs = {
+            "a CUDA GPU (--trainer.accelerator gpu)": trainer.strategy.root_device.type == "cuda",
+            "one process (--trainer.devices 1 --trainer.num_nodes 1)": trainer.world_size == 1,
+            "float32 (--trainer.precision 32-true)": trainer.precision == "32-true",
+            "no gradient accumulation (--trainer.accumulate_grad_batches 1)": trainer.accumulate_grad_batches == 1,
+            "no --model.compile": not self.hparams.compile,
+        }
+        missing = [need for need, met in needs.items() if not met]
+        if missing:
+            raise UserError(
+                f"--model.cuda_graph true needs {' and '.join(missing)}. Give those, or --model.cuda_graph false."
+            )
+
+    def on_train_start(self) -> None:
+        """Capture the network again at this fit's first step (`cuda_graph`)."""
+        self._graphed_forward = self._graphed_shape = None
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """The weights come with the normalisation they were trained with: whichever way the module was built (a
@@ -132,6 +179,9 @@ class ImageClassifier(LightningModule):
 
     def forward(self, images: Tensor) -> Tensor:
         """uint8 images (N, 28, 28) -> logits (N, 10), normalised with `pixel_mean` and `pixel_std`."""
+        return self.net(self._normalised(images))
+
+    def _normalised(self, images: Tensor) -> Tensor:
         mean, std = self.hparams.pixel_mean, self.hparams.pixel_std
         if mean is None or std is None:  # a guess would give confident, wrong figures
             raise NormalisationUnknown(
@@ -142,11 +192,31 @@ class ImageClassifier(LightningModule):
         images = (images.unsqueeze(1).to(self.dtype) / 255 - mean) / std  # float32, or --trainer.precision's
         if self.hparams.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        return self.net(images)
+        return images
+
+    def _graphed_logits(self, images: Tensor) -> Tensor:
+        """The training step's forward with `cuda_graph`: the graphs captured at this fit's first step, replayed for
+        a batch of that size; another size (an epoch's last batch) runs the network as usual."""
+        inputs = self._normalised(images)
+        if self._graphed_forward is None:
+            self._capture(inputs)
+        if inputs.shape != self._graphed_shape:
+            return self.net(inputs)
+        return self._graphed_forward(inputs)
+
+    def _capture(self, images: Tensor) -> None:
+        """Capture the network's forward and backward for inputs like `images` (torch runs it three times first, to
+        warm up); BatchNorm's running statistics are put back as they were before those runs."""
+        buffers = [buffer.clone() for buffer in self.net.buffers()]
+        torch.cuda.make_graphed_callables(self.net, (images,))  # replaces the module's forward with the graph's
+        self._graphed_forward, self._graphed_shape = self.net.forward, images.shape
+        del self.net.forward  # the module's own forward again, for evaluation and batches of other sizes
+        for buffer, saved in zip(self.net.buffers(), buffers, strict=True):
+            buffer.copy_(saved)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, targets = batch
-        logits = self(images)
+        logits = self._graphed_logits(images) if self.hparams.cuda_graph else self(images)
         loss = F.cross_entropy(logits, targets)
         # Per-step curves of this rank's batches. Lightning writes them every `log_every_n_steps` steps only, so
         # they are computed on those steps only: elsewhere they would cost time (and on a GPU a host-device

@@ -455,6 +455,30 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_the_first_and_only_line(dat
     assert "!." not in line and ".." not in line
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize(
+    ("devices", "args", "needs"),
+    [
+        (1, [], ["a CUDA GPU (--trainer.accelerator gpu)"]),
+        (
+            1,
+            ["--trainer.accumulate_grad_batches", "2", "--trainer.precision", "bf16-mixed"],
+            ["a CUDA GPU", "float32 (--trainer.precision 32-true)", "no gradient accumulation"],
+        ),
+        (1, ["--model", "ConvNet", "--model.compile", "true"], ["a CUDA GPU", "and no --model.compile"]),
+        (2, [], ["a CUDA GPU", "one process (--trainer.devices 1 --trainer.num_nodes 1)"]),  # before the launch
+    ],
+)
+def test_a_cuda_graph_where_one_cannot_train_says_all_it_needs_before_anything_is_written(
+    data_dir, tmp_path, devices, args, needs
+):
+    message = error_line(list(one_run(data_dir, tmp_path, "--model.cuda_graph", "true", *args, devices=devices)))
+    assert message.startswith("error: --model.cuda_graph true needs ")
+    assert all(need in message for need in needs), message
+    assert message.endswith("Give those, or --model.cuda_graph false.")
+    assert not list(tmp_path.rglob("version_*"))
+
+
 # 4. Files the program reads
 
 

@@ -1,6 +1,6 @@
 """On a GPU, with the process group on NCCL (skipped on a machine without an NVIDIA GPU, as CI is): a stop mid-epoch
-continues to the weights of a run never stopped, a bug is one short traceback, and ConvNet in channels_last trains
-without DDP's warning about gradient strides.
+continues to the weights of a run never stopped, a bug is one short traceback, ConvNet in channels_last trains
+without DDP's warning about gradient strides, and `--model.cuda_graph` trains to the weights of the usual step.
 
 One process on the one GPU: NCCL refuses two ranks on one device, so the cases of several processes run on the CPU
 with gloo (test_faults.py, test_stalls.py, test_errors.py), on a GPU machine too."""
@@ -64,3 +64,37 @@ def test_on_the_gpu_convnet_in_channels_last_trains_without_a_warning_from_ddp(d
     result = run_train("fit", *convnet)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Grad strides do not match bucket view strides" not in result.stderr
+
+
+def test_on_the_gpu_a_cuda_graph_trains_to_the_weights_of_the_usual_step(data_dir, tmp_path, monkeypatch):
+    """The forward and backward replayed as graphs, at each full batch, give the weights and BatchNorm's statistics
+    of the step run kernel by kernel; each epoch's short last batch (1000 images, batches of 64) runs without them."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from datamodules import MNISTDataModule
+    from models import ConvNet
+
+    replays = 0
+    replay = torch.cuda.CUDAGraph.replay
+
+    def counted(graph: torch.cuda.CUDAGraph) -> None:
+        nonlocal replays
+        replays += 1
+        replay(graph)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counted)
+
+    def fit(cuda_graph: bool) -> dict[str, torch.Tensor]:
+        seed_everything(0)
+        model = ConvNet(cuda_graph=cuda_graph)
+        data = MNISTDataModule(dataset="mnist", data_dir=str(data_dir), val_size=200, batch_size=64, on_device=True)
+        quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(accelerator="gpu", devices=1, max_epochs=2, deterministic="warn", **quiet)
+        trainer.fit(model, datamodule=data)
+        return {name: tensor.cpu() for name, tensor in model.state_dict().items()}
+
+    usual = fit(cuda_graph=False)
+    assert replays == 0
+    graphed = fit(cuda_graph=True)
+    assert replays == 2 * 15 * 2  # forward and backward, 15 full batches an epoch, 2 epochs
+    assert max_difference(graphed, usual) < 1e-3

@@ -464,6 +464,8 @@ class TrainCLI(LightningCLI):
             if self.subcommand == "predict":
                 self._prediction_writer().refuse_an_earlier_file()
         check_data(self.trainer, self.datamodule, stages)
+        if "fit" in stages:
+            self.model.check_fit(self.trainer)
         if self.trainer.global_rank == 0 and continuing:  # what a killed save left, now that the run is ours
             for folder in checkpoint_folders(self.run.path):
                 remove_partial_files(folder)
