@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -58,9 +59,9 @@ class ImageClassifier(LightningModule):
     backward are captured in CUDA graphs at the first training step, with torch's `make_graphed_callables` (its
     "partial-network capture"), and replayed at every training step whose batch has that size, so the host launches
     two graphs instead of each kernel; the loss, the optimizer and Lightning's loop stay as they are. One process
-    only (a graph holds no gradient all-reduce), float32, no gradient accumulation (a replay overwrites the gradients
-    it gave), and not with `compile`; a batch of another size (an epoch's last) and evaluation run the network as
-    usual.
+    (several were never run here, with nothing to run them on: one GPU each), float32, the single-device or DDP
+    strategy, no gradient accumulation (a replay overwrites the gradients it gave, which autograd would then add to
+    themselves), not with `compile`; a smaller batch (an epoch's last) and evaluation run the network as usual.
 
     Each stage has its own torchmetrics objects. Under DDP they sum their states (correct predictions, loss times
     samples, sample counts) over all ranks before computing, so a validation or test figure is weighted by samples,
@@ -129,6 +130,7 @@ class ImageClassifier(LightningModule):
         needs = {
             "a CUDA GPU (--trainer.accelerator gpu)": trainer.strategy.root_device.type == "cuda",
             "one process (--trainer.devices 1 --trainer.num_nodes 1)": trainer.world_size == 1,
+            "--trainer.strategy auto or ddp": isinstance(trainer.strategy, SingleDeviceStrategy | DDPStrategy),
             "float32 (--trainer.precision 32-true)": trainer.precision == "32-true",
             "no gradient accumulation (--trainer.accumulate_grad_batches 1)": trainer.accumulate_grad_batches == 1,
             "no --model.compile": not self.hparams.compile,
@@ -140,8 +142,23 @@ class ImageClassifier(LightningModule):
             )
 
     def on_train_start(self) -> None:
-        """Capture the network again at this fit's first step (`cuda_graph`)."""
+        """Capture the network again at this fit's first step (`cuda_graph`): its parameters may have moved since a
+        fit that ended without `on_train_end` (an error)."""
         self._graphed_forward = self._graphed_shape = None
+
+    def on_train_end(self) -> None:
+        """Let the graphs and their memory go: evaluation and a saved module need none."""
+        self._graphed_forward = self._graphed_shape = None
+
+    def on_before_backward(self, loss: Tensor) -> None:
+        """With `cuda_graph`, a gradient left from the batch before means accumulation, which the graphs would make
+        wrong silently (`--trainer.accumulate_grad_batches` is refused before the start; this is any other way:
+        `GradientAccumulationScheduler`, gradients zeroed rather than set to None)."""
+        if self._graphed_forward is not None and any(p.grad is not None for p in self.net.parameters()):
+            raise UserError(
+                "--model.cuda_graph true cannot add up gradients over several batches (gradient accumulation, or"
+                " gradients zeroed instead of set to None between steps): give --model.cuda_graph false."
+            )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """The weights come with the normalisation they were trained with: whichever way the module was built (a
@@ -182,6 +199,7 @@ class ImageClassifier(LightningModule):
         return self.net(self._normalised(images))
 
     def _normalised(self, images: Tensor) -> Tensor:
+        """uint8 images (N, 28, 28) -> the network's input (N, 1, 28, 28)."""
         mean, std = self.hparams.pixel_mean, self.hparams.pixel_std
         if mean is None or std is None:  # a guess would give confident, wrong figures
             raise NormalisationUnknown(
@@ -195,10 +213,11 @@ class ImageClassifier(LightningModule):
         return images
 
     def _graphed_logits(self, images: Tensor) -> Tensor:
-        """The training step's forward with `cuda_graph`: the graphs captured at this fit's first step, replayed for
-        a batch of that size; another size (an epoch's last batch) runs the network as usual."""
+        """The training step's forward with `cuda_graph`: the graphs captured at this fit's first step (again at a
+        larger batch: a run continued at an epoch's last batch), replayed for a batch of that size; a smaller one
+        (an epoch's last) runs the network as usual."""
         inputs = self._normalised(images)
-        if self._graphed_forward is None:
+        if self._graphed_forward is None or len(inputs) > self._graphed_shape[0]:
             self._capture(inputs)
         if inputs.shape != self._graphed_shape:
             return self.net(inputs)
@@ -208,7 +227,8 @@ class ImageClassifier(LightningModule):
         """Capture the network's forward and backward for inputs like `images` (torch runs it three times first, to
         warm up); BatchNorm's running statistics are put back as they were before those runs."""
         buffers = [buffer.clone() for buffer in self.net.buffers()]
-        torch.cuda.make_graphed_callables(self.net, (images,))  # replaces the module's forward with the graph's
+        with torch.autograd.set_detect_anomaly(False):  # its checks read values back, which a capture cannot
+            torch.cuda.make_graphed_callables(self.net, (images,))  # replaces the module's forward with the graph's
         self._graphed_forward, self._graphed_shape = self.net.forward, images.shape
         del self.net.forward  # the module's own forward again, for evaluation and batches of other sizes
         for buffer, saved in zip(self.net.buffers(), buffers, strict=True):

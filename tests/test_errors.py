@@ -455,7 +455,6 @@ def test_a_gpu_asked_for_on_a_machine_without_one_is_the_first_and_only_line(dat
     assert "!." not in line and ".." not in line
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 @pytest.mark.parametrize(
     ("devices", "args", "needs"),
     [

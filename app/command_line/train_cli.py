@@ -451,6 +451,8 @@ class TrainCLI(LightningCLI):
         """Find what is wrong before the other processes start and before anything is written (`checks.py`)."""
         check_launcher(self.trainer)
         self._refuse_untrained_weights()
+        if "fit" in stages:
+            self.model.check_fit(self.trainer)
         continuing = self._continuing()
         if continuing:
             silence_a_continuation()
@@ -464,8 +466,6 @@ class TrainCLI(LightningCLI):
             if self.subcommand == "predict":
                 self._prediction_writer().refuse_an_earlier_file()
         check_data(self.trainer, self.datamodule, stages)
-        if "fit" in stages:
-            self.model.check_fit(self.trainer)
         if self.trainer.global_rank == 0 and continuing:  # what a killed save left, now that the run is ours
             for folder in checkpoint_folders(self.run.path):
                 remove_partial_files(folder)
