@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -110,23 +111,26 @@ def run_worker(args: argparse.Namespace) -> None:
         for net, sizes in nets.items():
             times[net]["plain"].append(plain_loop(args, sizes, statistics_, images, targets))
             if device.type == "cuda":
-                try:  # one chance on a lent machine: the other loops' figures must come back even if this fails
-                    times[net]["graphed"].append(graphed_loop(args, sizes, statistics_, images, targets))
-                except Exception as error:  # noqa: BLE001
-                    print(f"graphed loop failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+                time_on_the_gpu(times[net], "graphed", partial(graphed_loop, args, sizes, statistics_, images, targets))
             times[net]["bare"].append(bare_fit(args, sizes, strategy="ddp"))
             times[net]["bare, one device"].append(bare_fit(args, sizes, strategy="auto"))
             times[net]["train.py"].append(train_py_fit(args, sizes, root, strategy="ddp"))
             times[net]["train.py, one device"].append(train_py_fit(args, sizes, root, strategy="auto"))
             if device.type == "cuda":
-                try:
-                    graph = ["--model.cuda_graph", "true"]
-                    times[net]["train.py, CUDA graph"].append(train_py_fit(args, sizes, root, "auto", *graph))
-                except Exception as error:  # noqa: BLE001
-                    print(f"train.py with a CUDA graph failed: {type(error).__name__}: {error}", file=sys.stderr)
+                graphed_fit = partial(train_py_fit, args, sizes, root, "auto", "--model.cuda_graph", "true")
+                time_on_the_gpu(times[net], "train.py, CUDA graph", graphed_fit)
     result = {"nets": times, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"}
     result |= {"torch": torch.__version__, "lightning": lightning.__version__}
     Path(args.out, "result.json").write_text(json.dumps(result))
+
+
+def time_on_the_gpu(times: dict[str, list[float]], loop: str, measure) -> None:
+    """Add `measure()` to the loop's figures. One chance on a lent machine: the other loops' figures must come back
+    even if a loop that only a GPU runs fails, so its error is said and the round goes on."""
+    try:
+        times[loop].append(measure())
+    except Exception as error:  # noqa: BLE001
+        print(f"{loop} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
 
 def new_model(sizes: dict, statistics_: tuple[float, float], device, **options):

@@ -117,10 +117,11 @@ class ImageClassifier(LightningModule):
         """When fitting without statistics given, take those of the datamodule's dataset; refuse a Trainer the model
         cannot be fitted with."""
         datamodule = self.trainer.datamodule
-        if stage == "fit" and self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
+        if stage != "fit":
+            return
+        if self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
             self.hparams.pixel_mean, self.hparams.pixel_std = datamodule.mean, datamodule.std
-        if stage == "fit":
-            self.check_fit(self.trainer)
+        self.check_fit(self.trainer)
 
     def check_fit(self, trainer: Trainer) -> None:
         """Refuse a Trainer this model cannot be fitted with: what `cuda_graph` needs. train.py asks before it starts
