@@ -7,7 +7,16 @@ import sys
 from typing import NoReturn
 
 from app.command_line.argv import parse_command, subcommand_of
-from app.command_line.errors import PEER_LOST, PEER_LOST_MESSAGE, RENDEZVOUS_ERRORS, USER_ERRORS, describe
+from app.command_line.errors import (
+    PEER_LOST,
+    PEER_LOST_MESSAGE,
+    RENDEZVOUS_ERRORS,
+    USER_ERRORS,
+    WORKER_KILLED,
+    WORKER_KILLED_HINT,
+    describe,
+    one_line,
+)
 from app.command_line.quiet import silence_noise
 from app.command_line.speaking import TRACEBACK_WANTED, bug_report, error_line, report
 from app.command_line.train_cli import STOPS, TrainCLI
@@ -65,6 +74,8 @@ def _what_went_wrong(error: Exception, args: list[str]) -> str:
         return error_line(describe(error, args))
     if PEER_LOST.search(str(error)):  # usually said once the process that failed first has said why
         return error_line(PEER_LOST_MESSAGE)
+    if WORKER_KILLED.search(str(error)):  # a fault of the machine, not a bug: what was saved stays
+        return error_line(f"{one_line(error)} {WORKER_KILLED_HINT}")
     return bug_report(error)
 
 

@@ -287,7 +287,8 @@ class MNISTDataModule(LightningDataModule):
     def _load_folder(self, folder: Path) -> BatchedTensorDataset:
         """The folder's images, as a dataset whose labels are unknown (-1). Files that are no image are skipped."""
         if not folder.is_dir():
-            raise DataError(f"--data.predict_dir {folder}: no such folder. Give a folder that holds image files.")
+            what = "is a file, not a folder" if folder.exists() else "no such folder"
+            raise DataError(f"--data.predict_dir {folder}: {what}. Give a folder that holds image files.")
         images, skipped, too_large, blank = [], [], [], []
         for path in sorted(path for path in folder.iterdir() if path.is_file()):
             try:
@@ -318,7 +319,10 @@ class MNISTDataModule(LightningDataModule):
                 f" {', '.join(too_large)}. Make them smaller to predict them."
             )
         if not images:
-            raise DataError(f"--data.predict_dir {folder} holds no readable image: put PNG, JPEG or BMP files there.")
+            said = " (each file was skipped, as said above)" if blank or skipped or too_large else ""
+            raise DataError(
+                f"--data.predict_dir {folder} holds no picture to predict{said}: put PNG, JPEG or BMP files there."
+            )
         return BatchedTensorDataset(torch.stack(images), torch.full((len(images),), -1))
 
     def train_dataloader(self) -> StatefulDataLoader:

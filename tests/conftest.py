@@ -33,7 +33,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 LONGEST_FIRST = [
     *("test_errors", "test_elastic", "test_stalls", "test_multinode_failures", "test_faults", "test_multinode"),
     *("test_run_folder", "test_job_start_and_end", "test_checkpoint_forms", "test_same_settings", "test_trainjob"),
-    *("test_speed", "test_correctness", "test_cli", "test_predict", "test_ddp", "test_docs"),
+    *("test_speed", "test_correctness", "test_cli", "test_predict", "test_parser_messages", "test_ddp", "test_docs"),
 ]
 
 

@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -512,13 +513,16 @@ class SigtermMidWindow(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-class SigtermInEvaluation(Callback):
-    """Test instrument: the process of global rank 0 sends itself SIGTERM at the start of the first test, validation
-    or prediction batch (not the sanity check's), as a scheduler's time limit would."""
+class SignalInEvaluation(Callback):
+    """Test instrument: the process of global rank 0 sends itself `signum` (SIGTERM by default) at the start of the
+    first test or prediction batch, as a scheduler's time limit, Ctrl-C or a closed terminal would."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        self.signum = signum
 
     def _stop(self, trainer: Trainer) -> None:
         if trainer.global_rank == 0 and not trainer.sanity_checking:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
     def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
         self._stop(trainer)
@@ -700,3 +704,41 @@ class RecordCheckpointIO(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank == 0:
             Path(self.path).write_text(type(trainer.strategy.checkpoint_io).__name__)
+
+
+class KillLoaderWorkers(Callback):
+    """Test instrument: before training step `step`, this process's children (its data-loading workers, with one
+    device) are killed with SIGKILL, as the kernel's out-of-memory killer ends one."""
+
+    def __init__(self, step: int = 2) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            for pid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def error_line(argv: list[str]) -> str:
+    """Run `train.py ARGV` in this process; the one line it ends with (on standard error, exit status 1)."""
+    from app.main import main  # noqa: PLC0415 (the program, imported by the tests that run it)
+
+    with ends_in_error() as said:
+        main(argv)
+    message = said.line
+    assert isinstance(message, str) and message.startswith("error: "), message
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def assert_one_error_line(result, *words: str) -> str:
+    """A real run ended with status 1 and one `error:` line from one process, with `words` in it. Where every rank
+    meets the mistake, the first to get there speaks for the job: `error (rank 1): ` from a rank other than 0."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and re.match(r"error( \(rank \d+\))?: ", lines[0]), result.stderr[-3000:]
+    assert lines == [result.stderr.strip().splitlines()[-1]]
+    for word in words:
+        assert word in lines[0]
+    return lines[0]

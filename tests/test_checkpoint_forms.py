@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.main import main
-from tests.helpers import ends_in_error, run_in_process, run_train
+from tests.helpers import ends_in_error, run_in_process, run_train, scalars
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--data.val_size", "200")
 
@@ -119,3 +119,29 @@ def test_last_of_a_model_without_runs_names_the_runs_there_are(run, tmp_path):
         " models or data are named with --model SeqNet --data.dataset mnist, or give --ckpt_path a run's folder or a"
         " checkpoint file."
     )
+
+
+def test_after_a_fit_the_summary_holds_the_figures_of_the_weights_it_tested(data_dir, tmp_path):
+    """The best checkpoint by the highest val/loss is the first epoch's (the loss falls): the summary's val/loss is
+    that epoch's, the score the tested weights were chosen by, not the last validation's; its test figures are
+    those `test` gives for that checkpoint."""
+    worst = ("--checkpoint.monitor", "val/loss", "--checkpoint.mode", "max", "--trainer.max_epochs", "2")
+    limits = (
+        "--trainer.limit_train_batches",
+        "5",
+        "--trainer.limit_val_batches",
+        "2",
+        "--trainer.limit_test_batches",
+        "2",
+    )
+    argv = ("--data.data_dir", str(data_dir), "--data.dataset", "mnist", *COMMON, *limits)
+    fit = run_in_process(*argv, *worst, "--trainer.default_root_dir", str(tmp_path))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (run,) = (tmp_path / "SeqNet-mnist").iterdir()
+    first, last = scalars(run)["val/loss"]
+    assert first > last  # else the check below would not tell the epochs apart
+    summary = finished_line(fit.stdout + fit.stderr)
+    assert summary.endswith(f"val/loss {first:.4f}") and "val/acc" not in summary
+    (best,) = (run / "checkpoints").glob("epoch=0-*.ckpt")
+    tested = run_in_process("test", *argv, "--ckpt_path", str(best), "--trainer.default_root_dir", str(tmp_path))
+    assert summary.startswith(finished_line(tested.stdout + tested.stderr))

@@ -9,6 +9,7 @@ import functools
 import json
 import re
 import shlex
+import shutil
 import signal
 import struct
 import zipfile
@@ -20,34 +21,19 @@ import torch
 from app.command_line.errors import PEER_LOST_MESSAGE, blame_option
 from app.command_line.speaking import short_traceback
 from app.main import main
-from tests.helpers import ends_in_error, run_command, run_in_process, run_train, scalars, small_run
+from tests.helpers import (
+    assert_one_error_line,
+    error_line,
+    run_command,
+    run_in_process,
+    run_train,
+    scalars,
+    small_run,
+)
 from tests.synthetic import write_idx
 
 # Two processes, unless a test says otherwise.
 one_run = functools.partial(small_run, devices=2)
-
-
-def error_line(argv: list[str]) -> str:
-    """Run `train.py ARGV` in this process; the one line it ends with (on standard error, exit status 1)."""
-    with ends_in_error() as said:
-        main(argv)
-    message = said.line
-    assert isinstance(message, str) and message.startswith("error: "), message
-    assert "\n" not in message and "Traceback" not in message
-    return message
-
-
-def assert_one_error_line(result, *words: str) -> str:
-    """A real run ended with status 1 and one `error:` line from one process, with `words` in it. Where every rank
-    meets the mistake, the first to get there speaks for the job: `error (rank 1): ` from a rank other than 0."""
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
-    assert len(lines) == 1 and re.match(r"error( \(rank \d+\))?: ", lines[0]), result.stderr[-3000:]
-    assert lines == [result.stderr.strip().splitlines()[-1]]
-    for word in words:
-        assert word in lines[0]
-    return lines[0]
 
 
 # 1. Checkpoint paths and files
@@ -58,6 +44,11 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
     path = folder / f"{kind}.ckpt"
     if kind == "folder":
         path.mkdir()
+    elif kind == "folder_of_runs":  # `runs/SeqNet-mnist`: the runs of a model, not one run
+        for number in (2, 10):  # named newest first
+            (path / f"version_{number}" / "checkpoints").mkdir(parents=True)
+            shutil.copy(good, path / f"version_{number}" / "checkpoints" / "last.ckpt")
+        (path / "version_11").mkdir()  # no checkpoint: not named
     elif kind == "empty":
         path.touch()
     elif kind == "truncated":
@@ -68,6 +59,10 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
         path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
     elif kind == "tensor":
         torch.save(torch.zeros(3), path)
+    elif kind == "no_settings":  # a Lightning checkpoint edited by hand, or of a module that saves no settings
+        saved = torch.load(good, weights_only=True)
+        del saved["hyper_parameters"]
+        torch.save(saved, path)
     elif kind == "state_dict_only":
         torch.save(torch.load(good, weights_only=True)["state_dict"], path)
     elif kind == "other_zip":
@@ -76,23 +71,32 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
     return path
 
 
+BAD_CHECKPOINTS = {
+    "missing": "no such file",
+    "folder": "is a folder, not a checkpoint file or a run's folder. Give a checkpoint file, or last.",
+    "folder_of_runs": "It holds version_10, version_2: give one of them, or last.",
+    "empty": "is empty (0 bytes)",
+    "truncated": "is truncated or corrupt",
+    "text": "is not a checkpoint",
+    "image": "is not a checkpoint",
+    "tensor": "is no Lightning checkpoint",
+    "state_dict_only": "is no Lightning checkpoint",
+    "no_settings": "holds no model settings (hyper_parameters)",
+    "other_zip": "is truncated or corrupt",
+}
+
+
+# Every kind where a checkpoint is read for a run (`test`; `fit` and `predict` read it the same way:
+# app/run/continuation.py) and for `export`, which reads it on its own.
 @pytest.mark.parametrize(
-    ("kind", "words"),
-    [
-        ("missing", "no such file"),
-        ("folder", "is a folder, not a checkpoint file"),
-        ("empty", "is empty (0 bytes)"),
-        ("truncated", "is truncated or corrupt"),
-        ("text", "is not a checkpoint"),
-        ("image", "is not a checkpoint"),
-        ("tensor", "is no Lightning checkpoint"),
-        ("state_dict_only", "is no Lightning checkpoint"),
-        ("other_zip", "is truncated or corrupt"),
+    ("kind", "subcommand"),
+    [(kind, subcommand) for kind in BAD_CHECKPOINTS for subcommand in ("test", "export")]
+    + [
+        (kind, subcommand) for kind in ("missing", "folder_of_runs", "no_settings") for subcommand in ("fit", "predict")
     ],
 )
-@pytest.mark.parametrize("subcommand", ["test", "fit", "predict", "export"])
-def test_a_bad_checkpoint_file_ends_in_one_line(checkpoint, data_dir, tmp_path, kind, words, subcommand):
-    path = bad_checkpoint(kind, tmp_path, checkpoint[0])
+def test_a_bad_checkpoint_file_ends_in_one_line(checkpoint, data_dir, tmp_path, kind, subcommand):
+    path, words = bad_checkpoint(kind, tmp_path, checkpoint[0]), BAD_CHECKPOINTS[kind]
     if subcommand == "export":
         argv = ["export", "--ckpt_path", str(path), "--format", "torchscript", "--output", str(tmp_path / "m.pt")]
     else:
@@ -132,6 +136,52 @@ def test_weights_that_do_not_fit_the_model_are_refused(checkpoint, data_dir, tmp
     )
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["fit"], ["test"], ["predict"], ["export", "--format", "onnx", "--output", "model.onnx"]],
+    ids=["fit", "test", "predict", "export"],
+)
+def test_an_empty_ckpt_path_says_so_in_one_line(data_dir, tmp_path, command):
+    """`--ckpt_path "$CKPT"` with the variable unset: Lightning took '' for a file ("found no path for the best
+    weights", a traceback), and export for the current folder ("--ckpt_path . is a folder")."""
+    place = (
+        []
+        if command[0] == "export"
+        else ["--data.data_dir", str(data_dir), "--trainer.default_root_dir", str(tmp_path)]
+    )
+    message = error_line([*command, "--ckpt_path", "", *place])
+    assert message == "error: --ckpt_path '': an empty value names no checkpoint. Give last, a run's folder or a file."
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "test"])
+def test_ckpt_path_best_in_a_new_process_says_what_to_give_instead(data_dir, tmp_path, subcommand):
+    """Lightning's `best` is the best checkpoint of a fit earlier in the same process: for `test` it said that
+    "`ModelCheckpoint` is not configured to save the best model", which is false."""
+    place = ["--data.data_dir", str(data_dir), "--trainer.default_root_dir", str(tmp_path)]
+    message = error_line([subcommand, "--ckpt_path", "best", *place])
+    assert message.startswith("error: --ckpt_path best names the best checkpoint of a fit earlier in the same")
+    assert message.endswith("give the file a fit's 'Best checkpoint:' line names, a run's folder, or last.")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "test"])
+def test_a_checkpoint_of_a_class_this_program_no_longer_has_is_not_sent_round_in_a_circle(
+    checkpoint, data_dir, tmp_path, subcommand
+):
+    """Its settings name a model class that is gone: "start a new run from its weights: --ckpt_path" the same file
+    was the command just refused."""
+    saved = torch.load(checkpoint[0], weights_only=True)
+    saved["hyper_parameters"]["_class_path"] = "models.Gone"
+    gone = tmp_path / "gone.ckpt"
+    torch.save(saved, gone)
+    place = ["--data.data_dir", str(data_dir), "--trainer.default_root_dir", str(tmp_path / "runs")]
+    message = error_line([subcommand, "--ckpt_path", str(gone), *place])
+    assert f"the settings of {gone} do not fit this program now: --model models.Gone: no such class." in message
+    assert "Evaluate or continue it with the version of this program that wrote it." in message
+    assert "from its weights" not in message and not (tmp_path / "runs").exists()
+
+
 # 2. Values the parser accepts but torch, Lightning or the model reject later
 
 
@@ -154,6 +204,15 @@ def test_an_optimizer_value_torch_rejects_names_the_option_from_one_process(data
         (["--trainer.accumulate_grad_batches", "0"], "--trainer.accumulate_grad_batches 0"),
         (["--trainer.check_val_every_n_epoch", "0"], "--trainer.check_val_every_n_epoch 0"),
         (["--trainer.val_check_interval", "5000"], "--trainer.val_check_interval 5000"),
+        # Lightning's message names `limit_val_batches` too, as advice: the option whose value it shows is the one
+        (
+            ["--trainer.val_check_interval", "500", "--trainer.limit_val_batches", "2"],
+            "--trainer.val_check_interval 500",
+        ),
+        (
+            ["--trainer.val_check_interval", "0"],
+            "--trainer.val_check_interval 0",
+        ),  # refused before the run: Lightning divided by it
         (["--trainer.max_epochs", "-5"], "--trainer.max_epochs -5"),
         (["--trainer.limit_train_batches", "1.5"], "--trainer.limit_train_batches 1.5"),
         (["--trainer.num_nodes", "0"], "--trainer.num_nodes 0"),
@@ -297,188 +356,7 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
         assert len(logged["val/acc"]) == 2 and not list(run.rglob("*.ckpt"))
 
 
-# 3. Parser messages
-
-
-@pytest.mark.parametrize(
-    ("args", "words"),
-    [
-        (["--model", "ResNet"], ["--model ResNet: no such class", "models.base.ImageClassifier (ConvNet, SeqNet)"]),
-        (["--model.optimizer", "Adamm"], ["--model.optimizer Adamm: no such class", "torch.optim", "Adam"]),
-        (["--model.lr_scheduler", "Nope"], ["no such class", "LRScheduler", "ConstantLR"]),
-        (["--trainer.callbacks+=Nope"], ["--trainer.callbacks Nope: no such class", "Callback"]),
-        (["--model.optimizer.momentum", "0.9"], ["torch.optim.Adam takes no argument 'momentum'", "--model.optimizer"]),
-        (["--model", "ConvNet", "--model.dropout", "0.5"], ["models.ConvNet takes no argument 'dropout'"]),
-        (["--model.optimzer.lr", "0.1"], ["--model.optimzer.lr: models.SeqNet takes no argument 'optimzer'"]),
-        (["--model.optimizer.init_argss.lr", "3"], ["--model.optimizer.init_argss.lr: torch.optim.Adam takes no"]),
-        (["--model.lr_scheduler.gamma", "0.5"], ["--model.lr_scheduler.gamma: --model.lr_scheduler names no class"]),
-        (
-            ["--trainer.callbacks+=LearningRateMonitor", "--trainer.callbacks.logging_intervall", "step"],
-            ["lightning.pytorch.callbacks.LearningRateMonitor takes no argument 'logging_intervall'"],
-        ),
-        (["--model.optimizer.lr", "fast"], ["--model.optimizer.lr fast: expected a number"]),
-        (["--trainer.max_epochs", "many"], ["--trainer.max_epochs many: expected an integer"]),
-        (["--data.batch_size", "-5"], ["--data.batch_size -5: expected a positive integer"]),
-        (["--data.dataset", "cifar10"], ["--data.dataset cifar10: expected one of mnist, fashion_mnist"]),
-        (["--data.dataset", "mnist", "--data.dataset=cifar10"], ["--data.dataset cifar10: expected one of mnist"]),
-        (["--data.batch_size", "8", "--data.batch_size", "-5"], ["--data.batch_size -5: expected a positive"]),
-        (["--data.batch_size", "-5", "--data.batch_size", "8"], ["--data.batch_size -5: expected a positive"]),
-        (["--data.dataset=cifar10", "--data.dataset", "mnist"], ["--data.dataset cifar10: expected one of mnist"]),
-        (["--data.batch_size", "x", "--data.batch_size", "0"], ["--data.batch_size x: expected a positive integer"]),
-        (["--data.batch_size", "10", "--data.batch_size", "0"], ["--data.batch_size 0: expected a positive integer"]),
-        (["--model.optimizer.betas", "[0.9,x]"], ["--model.optimizer.betas [0.9,x]: expected a number"]),
-        (["--model.optimizer.lr", "fast", "--model.optimizer.lr", "0.1"], ["--model.optimizer.lr fast: expected"]),
-        (["--model.optimizer", "Adamm", "--model.optimizer", "Adam"], ["--model.optimizer Adamm: no such class"]),
-        (["--data.dataset", "mnist", "test", "--ckpt_path", "last"], ["test: a subcommand comes first", "py test"]),
-        (
-            ["fit", "--data.dataset", "mnist", "validate"],
-            ["validate: a command takes one subcommand, and this one has fit"],
-        ),
-        (["--trainer.precision", "17"], ["--trainer.precision 17: expected one of", "16-mixed"]),
-        (["--model.one_cycle", "maybe"], ["--model.one_cycle maybe: expected true or false"]),
-        # A size the network cannot be built with, said by the model, not as a bug
-        (["--model", "ConvNet", "--model.kernel_sizes", "[27, 3]"], ["--model.kernel_sizes [27, 3] leave no pixel"]),
-        (["--model", "ConvNet", "--model.channels", "[24, 0]"], ["--model.channels [24, 0]: expected a positive"]),
-        (["--model.optimizer.betas", "3"], ["--model.optimizer.betas 3: expected a list"]),
-        (["--model.lr_scheduler", "StepLR"], ["StepLR needs --model.lr_scheduler.step_size"]),
-        (["--model.lr_scheduler", "ReduceLROnPlateau"], ["several classes have that name", "torch.optim.lr_scheduler"]),
-        # A class's argument with a bad value: said of the class named, not of the others jsonargparse tried
-        (
-            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.patience", "x"],
-            ["error: --trainer.callbacks.patience x: expected an integer"],
-        ),
-        (
-            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.patienc", "3"],
-            ["error: --trainer.callbacks.patienc: lightning.pytorch.callbacks.EarlyStopping takes no argument"],
-        ),
-        (["--model", "nope.Nope"], ["--model nope.Nope: no such class", "ConvNet, SeqNet"]),
-        (["--model.optimizer", "torch.optim.Nope"], ["--model.optimizer torch.optim.Nope: no such class"]),
-        (["--model.optimizer.betas", "[3]"], ["--model.optimizer.betas [3]: expected a list of 2 values"]),
-        (["--data.dataset="], ["error: --data.dataset '': expected one of mnist, fashion_mnist."]),
-        (["--data.dataset", "'x'"], ["error: --data.dataset 'x': expected one of mnist, fashion_mnist."]),
-        # An option typed without its value: that option, not the one argparse names (`--model`)
-        (["--model.optimizer.lr"], ["error: --model.optimizer.lr: a value is missing after it."]),
-        (["--model.optimizer.lr", "--data.batch_size", "8"], ["error: --model.optimizer.lr: a value is missing"]),
-        (
-            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor"],
-            ["error: --trainer.callbacks.monitor: a value is missing after it."],
-        ),
-        (["-c"], ["error: -c: a value is missing after it."]),
-        # An argument of an option whose value is no class
-        (
-            ["--trainer.strategy", "ddp", "--trainer.strategy.timeout", "x"],
-            ["error: --trainer.strategy.timeout: --trainer.strategy ddp names no class, so it takes no arguments"],
-        ),
-        (
-            ["--trainer.logger", "false", "--trainer.logger.save_dir", "x"],
-            ["error: --trainer.logger.save_dir: --trainer.logger false names no class"],
-        ),
-        (
-            ["--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "x"],
-            ["error: --trainer.strategy.timeout x: expected a duration such as 0:30:00"],
-        ),
-        (["--model.optimizer.weight_decay", "-1", "--model.optimizer.lr"], ["error: --model.optimizer.lr: a value is"]),
-    ],
-)
-def test_a_parser_error_says_its_deepest_cause_in_under_300_characters(args, words):
-    message = error_line(args)
-    assert len(message) < 300, message
-    assert "Union" not in message and "NestedArg" not in message and "Namespace(" not in message
-    for word in words:
-        assert word in message
-
-
-def test_a_bad_value_in_a_config_file_is_named_as_the_configs_beside_a_good_one_on_the_command_line(tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text("data:\n  batch_size: 0\n")
-    message = error_line(["--config", str(config), "--data.batch_size", "8"])
-    assert "--data.batch_size 0 (from a config file): expected a positive integer" in message
-
-
-def test_a_config_file_naming_an_unknown_class_says_where_the_choices_come_from(tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text("model:\n  class_path: models.ResNet\n")
-    message = error_line(["--config", str(config)])
-    assert "--model models.ResNet (from a config file): no such class" in message and len(message) < 300
-
-
-@pytest.mark.parametrize(
-    ("config", "words"),
-    [
-        (  # a value of a class's arguments in a config file: said as that value, not as the class around it
-            "model:\n  class_path: models.SeqNet\n  init_args:\n    optimizer:\n      class_path: torch.optim.Adam\n"
-            "      init_args:\n        lr: fast\n",
-            "--model.optimizer.lr fast (from a config file): expected a number.",
-        ),
-        (
-            "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n      init_args:\n"
-            "        monitor: val/acc\n        patience: x\n",
-            "--trainer.callbacks.patience x (from a config file): expected an integer.",
-        ),
-        (
-            "model:\n  class_path: models.SeqNet\n  init_args:\n    optimizer:\n      class_path: torch.optim.Nope\n",
-            "--model.optimizer torch.optim.Nope (from a config file): no such class.",
-        ),
-    ],
-    ids=["an optimizer's learning rate", "a callback's argument", "a class inside a class"],
-)
-def test_a_bad_argument_of_a_class_in_a_config_file_names_that_argument_and_value(tmp_path, config, words):
-    path = tmp_path / "config.yaml"
-    path.write_text(config)
-    assert words in error_line(["--config", str(path)])
-
-
-def test_beside_a_config_file_a_typed_value_is_said_as_typed(tmp_path):
-    path = tmp_path / "config.yaml"
-    path.write_text("trainer:\n  max_epochs: 1\n")
-    message = error_line(["--config", str(path), "--model.optimizer", '{"class_path": "torch.optim.Nope"}'])
-    assert 'error: --model.optimizer {"class_path": "torch.optim.Nope"}: no such class.' in message
-    missing = error_line(["--model.optimizer.lr", "-c", str(path)])  # a short option after it
-    assert missing == "error: --model.optimizer.lr: a value is missing after it."
-
-
-def test_a_parser_error_from_a_real_run_is_one_short_line(data_dir, tmp_path):
-    result = run_train(*one_run(data_dir, tmp_path, "--model.optimizer", "Adamm"), timeout=60)
-    line = assert_one_error_line(result, "--model.optimizer Adamm: no such class")
-    assert len(line) < 300
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-@pytest.mark.parametrize("accelerator", ["gpu", "cuda"])
-def test_a_gpu_asked_for_on_a_machine_without_one_is_the_first_and_only_line(data_dir, tmp_path, accelerator):
-    """`gpu` from a real run of two processes, `cuda` in this process."""
-    devices = 2 if accelerator == "gpu" else 1
-    args = [arg if arg != "cpu" else accelerator for arg in one_run(data_dir, tmp_path, devices=devices)]
-    result = run_train(*args, timeout=60) if accelerator == "gpu" else run_in_process(*args)
-    line = assert_one_error_line(result, f"--trainer.accelerator {accelerator}: this machine has no", "give cpu.")
-    assert (result.stdout + result.stderr).strip() == line
-    assert "!." not in line and ".." not in line
-
-
-@pytest.mark.parametrize(
-    ("devices", "args", "needs"),
-    [
-        (1, [], ["a CUDA GPU (--trainer.accelerator gpu)"]),
-        (
-            1,
-            ["--trainer.accumulate_grad_batches", "2", "--trainer.precision", "bf16-mixed"],
-            ["a CUDA GPU", "float32 (--trainer.precision 32-true)", "no gradient accumulation"],
-        ),
-        (1, ["--model", "ConvNet", "--model.compile", "true"], ["a CUDA GPU", "and no --model.compile"]),
-        (2, [], ["a CUDA GPU", "one process (--trainer.devices 1 --trainer.num_nodes 1)"]),  # before the launch
-    ],
-)
-def test_a_cuda_graph_where_one_cannot_train_says_all_it_needs_before_anything_is_written(
-    data_dir, tmp_path, devices, args, needs
-):
-    message = error_line(list(one_run(data_dir, tmp_path, "--model.cuda_graph", "true", *args, devices=devices)))
-    assert message.startswith("error: --model.cuda_graph true needs ")
-    assert all(need in message for need in needs), message
-    assert message.endswith("Give those, or --model.cuda_graph false.")
-    assert not list(tmp_path.rglob("version_*"))
-
-
-# 4. Files the program reads
+# 3. Files the program reads
 
 
 def spoil(raw: Path, kind: str) -> None:
@@ -543,7 +421,14 @@ def test_labels_out_of_range_stop_a_real_run_before_training(data_dir, tmp_path)
     assert "Global batch" not in result.stdout  # training never started
 
 
-# 5. Folders the program writes
+def test_a_data_loading_worker_killed_for_want_of_memory_is_a_fault_in_one_line_not_a_bug(data_dir, tmp_path):
+    kill = ("--data.num_workers", "1", "--trainer.callbacks+=tests.helpers.KillLoaderWorkers")
+    result = run_train(*one_run(data_dir, tmp_path, *kill, devices=1), timeout=120)
+    line = assert_one_error_line(result, "DataLoader worker (pid ", "is killed by signal", "out of memory")
+    assert "a bug" not in line
+
+
+# 4. Folders the program writes
 
 
 @pytest.mark.parametrize(
@@ -571,7 +456,7 @@ def test_predictions_path_may_name_a_folder(checkpoint, data_dir, tmp_path):
     assert (tmp_path / "predictions.csv").is_file()
 
 
-# 6. Training that diverges
+# 5. Training that diverges
 
 
 def saved_step(root: Path) -> int:
@@ -594,7 +479,7 @@ def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_c
     assert all(weights.isfinite().all() for weights in torch.load(last, weights_only=True)["state_dict"].values())
 
 
-# 7. Ctrl-C
+# 6. Ctrl-C
 
 
 @pytest.mark.slow
@@ -644,7 +529,7 @@ def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
     assert not (tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").exists()  # no save at step 3
 
 
-# 8. Durable checkpoints
+# 7. Durable checkpoints
 
 
 def test_checkpoints_reach_the_disk_before_and_after_their_rename(data_dir, tmp_path):

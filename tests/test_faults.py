@@ -130,6 +130,8 @@ def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_ep
     assert "Stopped by SIGTERM in epoch 0, at its end;" in result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert last_checkpoint(tmp_path)["global_step"] == 10  # saved at the end of the epoch, before stopping
+    # and the epoch's best by val/acc, which Lightning would have saved after the hook that stopped the run
+    assert sorted(path.name for path in (tmp_path / CHECKPOINTS).iterdir()) == ["epoch=0-step=10.ckpt", "last.ckpt"]
 
 
 def test_a_stopped_run_continues_on_another_number_of_processes_with_the_same_global_batch(

@@ -122,11 +122,20 @@ def test_a_picture_of_28x28_is_taken_as_the_datasets_store_theirs(data_dir, tmp_
     assert (mnist_pixels(tmp_path / "scan.png") == original).all()
 
 
-@pytest.mark.parametrize(("make_folder", "words"), [(False, "no such folder"), (True, "holds no readable image")])
-def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make_folder, words):
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (None, "no such folder"),
+        ("file", "is a file, not a folder"),
+        ("folder", "holds no picture to predict (each file was skipped, as said above)"),
+    ],
+)
+def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make, words):
     best, _ = checkpoint
     folder = tmp_path / "mine"
-    if make_folder:
+    if make == "file":
+        folder.write_text("a file, not a folder")
+    if make == "folder":
         folder.mkdir()
         (folder / "notes.txt").write_text("no picture here")
     result = predict(best, tmp_path / "p.csv", "--data.predict_dir", str(folder))
@@ -135,15 +144,20 @@ def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make_fol
     assert last_line.startswith("error: --data.predict_dir") and words in last_line
 
 
-@pytest.mark.parametrize("subcommand", ["test", "predict"])
-def test_sigterm_during_an_evaluation_stops_it_at_once_with_status_143(checkpoint, tmp_path, subcommand):
+@pytest.mark.parametrize(
+    ("subcommand", "signum"),
+    [("test", signal.SIGTERM), ("predict", signal.SIGTERM), ("test", signal.SIGHUP), ("predict", signal.SIGINT)],
+)
+def test_a_stop_signal_during_an_evaluation_stops_it_at_once_by_that_signal(checkpoint, tmp_path, subcommand, signum):
     best, _ = checkpoint
-    stop = ("--trainer.callbacks+=tests.helpers.SigtermInEvaluation",)
+    stop = ("--trainer.callbacks+=tests.helpers.SignalInEvaluation", "--trainer.callbacks.signum", str(int(signum)))
     argv = (subcommand, "--ckpt_path", str(best), *COMMON, "--trainer.default_root_dir", str(tmp_path), *stop)
     result = run_train(*argv)
-    assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]
+    assert result.returncode == -signum, result.stderr[-3000:]  # 143, 129, 130 in a shell
     assert "Finished" not in result.stderr and "Predictions:" not in result.stderr
+    assert "KeyboardInterrupt" not in result.stdout + result.stderr  # Lightning's own line too: one line
     assert "Traceback" not in result.stderr
-    said = f"Stopped: the {subcommand} was cut short and keeps nothing. Run the same command to {subcommand}."
+    stage = {"predict": "prediction"}.get(subcommand, subcommand)
+    said = f"Stopped: the {stage} was cut short and keeps nothing. Run the same command to {subcommand}."
     assert said in result.stdout
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # its folder taken back: no empty figures

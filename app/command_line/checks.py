@@ -46,15 +46,17 @@ def check_accelerator(accelerator: object) -> None:
         )
 
 
-# Trainer arguments that Lightning divides by without checking them first: 0 would end in a ZeroDivisionError.
-COUNTS = ("accumulate_grad_batches", "check_val_every_n_epoch")
+# Trainer arguments that Lightning divides by without checking them first: 0 would end in a ZeroDivisionError (a
+# whole number of `val_check_interval` counts batches; a fraction of an epoch, 0.25, is Lightning's to check).
+COUNTS = ("accumulate_grad_batches", "check_val_every_n_epoch", "val_check_interval")
 
 
 def check_counts(values: dict[str, object]) -> None:
     """Refuse a count below 1 (`--trainer.check_val_every_n_epoch 0`) where it enters, by the option's name."""
     for option, value in values.items():
         if isinstance(value, int) and value < 1:
-            raise UserError(f"{option} {value}: must be 1 or more. Give {option} another value.")
+            fraction = ", or a fraction of an epoch such as 0.25" if option.endswith("val_check_interval") else ""
+            raise UserError(f"{option} {value}: must be 1 or more{fraction}. Give {option} another value.")
 
 
 SEEDS = (0, 2**32 - 1)  # what NumPy, and so Lightning's seed_everything, takes

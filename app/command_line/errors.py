@@ -15,6 +15,7 @@ from app.command_line.argv import value_given
 from app.command_line.parser_messages import shorten
 from app.command_line.speaking import TRACEBACK_VARIABLE
 from app.errors import UserError
+from app.run.checkpoints import unpickling_problem
 from datamodules import DataError
 
 # Mistakes in what the user asked for: reported in one line, without a traceback.
@@ -51,6 +52,12 @@ PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Brok
 PEER_LOST_MESSAGE = (
     "another process of the job stopped or failed, and this one lost its connection to it (see its message)."
 )
+# What torch's DataLoader raises when the system killed one of its workers: most often for want of memory.
+WORKER_KILLED = re.compile(r"DataLoader worker \(pid.*?\) (is killed by signal|exited unexpectedly)")
+WORKER_KILLED_HINT = (
+    "The system may have run out of memory (its out-of-memory killer ends such processes): free memory, or give"
+    " --data.num_workers a smaller value; a fit continues from its last checkpoint with --ckpt_path last."
+)
 
 
 def one_line(error: BaseException) -> str:
@@ -71,8 +78,6 @@ def _describe(error: BaseException, argv: list[str]) -> str:
     if isinstance(error, ArgumentError):
         return shorten(str(error), list(argv))
     if isinstance(error, pickle.UnpicklingError):  # Lightning loading a checkpoint from a URL, weights only
-        from app.run.checkpoints import unpickling_problem  # noqa: PLC0415 (app.run.checkpoints imports this module)
-
         return unpickling_problem(f"--ckpt_path {value_given(list(argv), '--ckpt_path') or ''}".strip(), error)
     return one_line(error)
 
@@ -80,17 +85,20 @@ def _describe(error: BaseException, argv: list[str]) -> str:
 def blame_option(error: BaseException, options: dict[str, Any]) -> str | None:
     """The line that ties `error` to the one option of `options` (those the user set) it is about, where the evidence
     is certain (docs/errors.md: its value, and its name or the object taking it; or its name in backquotes, as
-    Lightning names an argument: "`devices` selected with `CPUAccelerator` should be an int > 0"); else None, the
-    error a bug."""
+    Lightning names an argument: "`devices` selected with `CPUAccelerator` should be an int > 0"; of several so named,
+    the one whose value it shows too); else None, the error a bug."""
     message = one_line(error) or type(error).__name__
     raiser = _raising_object(error)
-    suspects = []
+    suspects, shown_too = [], []
     for option, value in options.items():
         name = option.rsplit(".", 1)[-1].lstrip("-")
         valued = _value_in(value, message) or (isinstance(error, ZeroDivisionError) and _is_zero(value))
         named = re.search(rf"\b{re.escape(name)}\b", message) is not None
         if (valued and (named or _takes_argument(raiser, name, value))) or f"`{name}`" in message:
             suspects.append(option)
+            shown_too += [option] if valued and named else []
+    if len(suspects) > 1:  # several named ("... set `limit_val_batches` instead"): the one whose value it shows
+        suspects = shown_too
     if len(suspects) != 1:
         return None
     option = suspects[0]

@@ -71,6 +71,8 @@ def shorten(message: str, argv: list[str], options: list[str] = ()) -> str:
         return _cut(f"{_typed_without_value(missing.group(1), argv)}: a value is missing after it.")
     if tag := re.search(r"could not determine a constructor for the tag '([^']+)'", message):
         return _cut(_refused_tag(tag.group(1), message, argv))
+    if said := _config_file_problem(message, argv, options):
+        return _cut(said)
     if not keys:
         line = " ".join(message.split())
         unknown = re.search(r"nrecognized arguments: (--[\w.-]+)", line)
@@ -189,6 +191,50 @@ def _typed_without_value(option: str, argv: list[str]) -> str:
         if any(token == name or token.startswith(f"{name}.") for name in names) and an_option_follows:
             return token
     return names[-1]
+
+
+def _config_file_problem(message: str, argv: list[str], options: list[str]) -> str | None:
+    """A config file that is no YAML, is empty, or sets an option that does not exist, named with its file (the
+    parser says "<unicode string>", or nothing); None for other messages, or where no file is to blame."""
+    configs = _configs_named(argv)
+    if "Problems parsing config" in message and (refused := next((c for c in configs if _refuses(c)), None)):
+        text = message.partition("Problems parsing config:")[2]
+        lines = re.findall(r'in "<unicode string>", line (\d+)', text)
+        problem = " ".join(re.sub(r'\s*in "<unicode string>", line \d+, column \d+', "", text).split())
+        place = f", line {lines[-1]}" if lines else ""
+        return f"--config {refused}{place}: not valid YAML ({problem.rstrip('.')})."
+    if "Unexpected config:" in message and (empty := next((c for c in configs if _empty(c)), None)):
+        return f"--config {empty} is empty. Put settings there (`{train_py()} fit --print_config` prints them all)."
+    unknown = re.search(r"does not accept option '([\w.]+)'", message)
+    if unknown and configs and not values_given(argv, f"--{unknown.group(1)}"):  # not typed: from a config file
+        name = "--" + unknown.group(1).removesuffix(".class_path").removesuffix(".init_args")
+        guess = guess_option(name, options) if options else None
+        hint = f"did you mean {guess}?" if guess else f"`{train_py()} fit --help` lists every option."
+        keys = unknown.group(1).split(".")
+        holding = [c for c in configs if _holds(_read(c), keys) or _holds(_read(c), [subcommand_of(argv), *keys])]
+        source = holding[-1] if holding else "a config"  # the last file wins; none: a config typed inline
+        return f"{name} (from {source}): no such option; {hint}"
+    return None
+
+
+def _holds(config: object, keys: list) -> bool:
+    for key in keys:
+        if not isinstance(config, dict) or key not in config:
+            return False
+        config = config[key]
+    return True
+
+
+def _read(path: str) -> object:
+    """A config file's YAML; None where it cannot be read (an inline config, say)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _empty(path: str) -> bool:
+    return Path(path).is_file() and _read(path) is None
 
 
 def _refused_tag(tag: str, message: str, argv: list[str]) -> str:

@@ -176,7 +176,7 @@ class TrainCLI(LightningCLI):
         try:
             self._parse_with_the_starts_settings(parser, args)
         except ArgumentError as error:
-            if "nrecognized arguments" not in str(error):
+            if "nrecognized arguments" not in str(error) and "does not accept option" not in str(error):
                 raise
             as_typed = args[1:] if self.test_after_fit else args  # without the `fit` put in front
             raise UserError(shorten(str(error), as_typed, self._option_names())) from None
@@ -211,10 +211,13 @@ class TrainCLI(LightningCLI):
         except ArgumentError as error:
             if mistake is not None:
                 raise mistake from None
+            problem = shorten(str(error), args).rstrip(".")
+            how = f"Start a new run from its weights instead: --ckpt_path {self.start.checkpoint}, with your options"
+            if self.start.record is None or problem.startswith(("--model", "--data")):  # as its weights bring them
+                how = "Evaluate or continue it with the version of this program that wrote it"
             raise UserError(  # the settings of an older run, which this code no longer takes
-                f"the settings of {self.start.record or self.start.checkpoint} do not fit this program now:"
-                f" {shorten(str(error), args).rstrip('.')}. Start a new run from its weights instead: --ckpt_path"
-                f" {self.start.checkpoint}, with the options you want."
+                f"the settings of {self.start.record or self.start.checkpoint} do not fit this program now: {problem}."
+                f" {how}."
             ) from error
         config = self.config[subcommand]
         if config.trainer.callbacks:  # a callback the run had and the command repeats (`--trainer.callbacks+=`)
@@ -282,7 +285,8 @@ class TrainCLI(LightningCLI):
             if self.run is not None and (not self.run.started or subcommand != "fit") and trainer.global_rank == 0:
                 self.run.undo()
             if subcommand != "fit" and isinstance(error, STOPS):
-                say(f"Stopped: the {subcommand} was cut short and keeps nothing. Run the same command to {subcommand}.")
+                stage = {"validate": "validation", "predict": "prediction"}.get(subcommand, subcommand)
+                say(f"Stopped: the {stage} was cut short and keeps nothing. Run the same command to {subcommand}.")
             raise
 
     @contextmanager
@@ -389,7 +393,7 @@ class TrainCLI(LightningCLI):
             settings[STARTS_FROM] = f"step {self.start.contents.get('global_step', 0)}"
         elif self._setting("ckpt_path") in (None, "last"):  # `fit --ckpt_path last` with nothing to continue
             settings[STARTS_FROM] = "none"
-        else:  # a name Lightning resolves (best, a registry's)
+        else:  # a name Lightning resolves (hpc, a registry's)
             settings[STARTS_FROM] = self._setting("ckpt_path")
         return settings
 
@@ -584,6 +588,10 @@ class TrainCLI(LightningCLI):
                     said = f"Stopped in the test after training, which had finished; test {best} with:"
                     say(f"{said} {train_py()} test --ckpt_path {best}")
                 raise
+            if best and checkpoint.monitor and checkpoint.best_model_score is not None:
+                # Beside the test's figures, those of the weights tested: the best checkpoint's score, which may
+                # come from an earlier epoch than the last validation's figures
+                metrics = {checkpoint.monitor: checkpoint.best_model_score}
             metrics.update(self.trainer.callback_metrics)
         if self._continuing() and self._trained_nothing():
             rank_zero_info(

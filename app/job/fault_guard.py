@@ -138,6 +138,8 @@ class FaultGuard(Callback):
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._catch_stop_signals()
 
+    on_validation_start = on_test_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         path = last_checkpoint_path(trainer)
         if self.checkpoint_every_s is not None and trainer.global_step == 0 and path is not None:
@@ -150,7 +152,7 @@ class FaultGuard(Callback):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
     def _catch_stop_signals(self) -> None:
-        """From fit's sanity check on, Ctrl-C and SIGHUP are recorded like SIGTERM. Installed once Lightning has
+        """From a stage's first loop on, Ctrl-C and SIGHUP are recorded like SIGTERM. Installed once Lightning has
         saved the handlers it puts back when the stage ends, however it ends: those are the ones from before."""
         if self._previous_handlers or threading.current_thread() is not threading.main_thread():
             return
@@ -202,8 +204,11 @@ class FaultGuard(Callback):
                 f" {trainer.current_epoch}): lower the learning rate (--model.optimizer.lr, now"
                 f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path)}"
             )
-        # On every rank: Lightning's save has a barrier; global rank 0 alone writes. (A save is never due at an
-        # epoch's end, where the last_checkpoint callback saves.)
+        if stop_signal and at_epoch_end:  # the epoch's checkpoints first (the best by val/acc): Lightning calls
+            for callback in trainer.checkpoint_callbacks:  # them after this hook, which stops the run
+                callback.on_train_epoch_end(trainer, trainer.lightning_module)
+        # On every rank: Lightning's save has a barrier; global rank 0 alone writes. (At an epoch's end the
+        # last_checkpoint callback has saved it already, the same state: written again, as at any stop.)
         if (stop_signal or save_due) and path is not None:
             trainer.save_checkpoint(path, weights_only=False)
         if not stop_signal:

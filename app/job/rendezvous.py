@@ -15,7 +15,7 @@ from app.job.children import ctrl_c_ends_at_once
 from app.job.process_group import FAILED, have_met, report_store, reported, under_torchrun
 from app.job.watch import watch
 
-FIRST_NOTICE_S = 10  # the first "has waited" line, then one every NOTICE_EVERY_S
+FIRST_NOTICE_S = 5  # the first "has waited" line, then one every NOTICE_EVERY_S
 NOTICE_EVERY_S = 60
 
 

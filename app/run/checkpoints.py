@@ -23,10 +23,12 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
     """The contents of a checkpoint written by train.py, loaded as data only (loading cannot run code); a
     `UserError` for anything else (missing, empty, truncated, not a checkpoint, code that would run)."""
     path = Path(path)
-    if path.is_dir():
-        inside = sorted(p.name for p in path.glob("*.ckpt"))
-        hint = f" It holds {', '.join(inside[:3])}: give one of them." if inside else " Give a .ckpt file."
-        raise UserError(f"{option} {path} is a folder, not a checkpoint file.{hint}")
+    if path.is_dir():  # not a run's (app/run/continuation.py takes those): its checkpoints or its trained runs
+        runs = sorted(p.parents[1].name for p in path.glob("version_*/checkpoints/last*.ckpt"))
+        runs.sort(key=lambda name: int(name.removeprefix("version_")) if name[8:].isdigit() else -1, reverse=True)
+        inside = sorted(p.name for p in path.glob("*.ckpt")) or list(dict.fromkeys(runs))
+        hint = f"It holds {', '.join(inside[:3])}: give one of them" if inside else "Give a checkpoint file"
+        raise UserError(f"{option} {path} is a folder, not a checkpoint file or a run's folder. {hint}, or last.")
     if not path.is_file():
         there = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
         hint = "Give a checkpoint written by train.py (runs/*/checkpoints)"
@@ -45,6 +47,11 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
         raise UserError(
             f"{option} {path} is no Lightning checkpoint: it was saved with torch.save, not by a Trainer, and holds"
             " no model state. Give a checkpoint written by train.py (runs/*/checkpoints)."
+        )
+    if not isinstance(checkpoint.get("hyper_parameters"), dict):  # the model's settings, its inputs' scale among them
+        raise UserError(
+            f"{option} {path} holds no model settings (hyper_parameters), which every checkpoint of train.py holds:"
+            " the model could not be built as it was trained. Give a checkpoint written by train.py."
         )
     return checkpoint
 

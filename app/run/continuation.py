@@ -28,7 +28,7 @@ NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where
 WHERE = {"--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes"}
 # The data a run trains and validates on, which a continued run keeps (an interrupted epoch gives each sample once).
 DATA_OF_THE_RUN = {"--data.dataset", "--data.val_size", "--data.val_split_seed"}
-LIGHTNING_NAMES = ("best", "hpc")  # `--ckpt_path` values that Lightning resolves itself
+LIGHTNING_NAMES = ("hpc",)  # `--ckpt_path` values that Lightning resolves itself
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,13 @@ class Start:
 def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root: Path) -> Start | None:
     """The run or checkpoint `--ckpt_path` names, read and checked; None where Lightning resolves the name, for no
     checkpoint, and for `fit --ckpt_path last` with nothing to continue."""
+    if ckpt_path == "":  # `--ckpt_path "$CKPT"` with the variable unset: Lightning would take it for a file
+        raise UserError("--ckpt_path '': an empty value names no checkpoint. Give last, a run's folder or a file.")
+    if ckpt_path == "best":  # Lightning's: a fit's best in the same process, which a new train.py never has
+        raise UserError(
+            "--ckpt_path best names the best checkpoint of a fit earlier in the same process, and this command has"
+            " none: give the file a fit's 'Best checkpoint:' line names, a run's folder, or last."
+        )
     if not ckpt_path or resolved_by_lightning(ckpt_path):
         return None
     if ckpt_path == "last":
@@ -95,7 +102,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
 
 
 def resolved_by_lightning(ckpt_path: str) -> bool:
-    """A `--ckpt_path` that names no file of its own: `best`, `hpc`, a model registry's name, a URL."""
+    """A `--ckpt_path` that names no file of its own: `hpc`, a model registry's name, a URL."""
     return ckpt_path in LIGHTNING_NAMES or ckpt_path.startswith("registry") or "://" in ckpt_path
 
 

@@ -23,7 +23,7 @@ from app.invocation import train_py
 from app.run.checkpoints import read_checkpoint, saved_model_class
 from app.run.continuation import find_start
 from app.run.folder import DEFAULT_ROOT, run_name
-from datamodules.mnist import MNISTDataModule
+from datamodules.mnist import DatasetName, MNISTDataModule
 from models import ImageClassifier, model_names
 
 FORMATS = ("onnx", "torchscript")
@@ -53,9 +53,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by train.py, a run's folder, or last")
     parser.add_argument("--format", required=True, help="onnx or torchscript")
     parser.add_argument("--output", required=True, help="the file to write")
-    # What `--ckpt_path last` looks for, with train.py's names and defaults
-    parser.add_argument("--model", default="SeqNet", help="with last: the model of the run (default: SeqNet)")
-    parser.add_argument("--data.dataset", dest="dataset", default="fashion_mnist", help="with last: its dataset")
+    # What `--ckpt_path last` looks for, with train.py's names and defaults; given with a checkpoint, they must be its
+    parser.add_argument("--model", help="the model of the run last finds (default: SeqNet)")
+    parser.add_argument("--data.dataset", dest="dataset", type=DatasetName, help="its dataset (default: fashion_mnist)")
     parser.add_argument("--trainer.default_root_dir", dest="root", default=DEFAULT_ROOT, help="with last: its root")
     args = parser.parse_args(argv)
     if args.format not in FORMATS:
@@ -79,7 +79,8 @@ def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
 
 def checkpoint_named(args: argparse.Namespace) -> Path:
     """The file `--ckpt_path` names, found as `test` finds it: `last`, a run's folder, or a file."""
-    start = find_start(args.ckpt_path, "export", Path(args.root) / run_name(args.model, args.dataset), Path(args.root))
+    runs = Path(args.root) / run_name(args.model or "SeqNet", args.dataset or "fashion_mnist")
+    start = find_start(args.ckpt_path, "export", runs, Path(args.root))
     return Path(args.ckpt_path) if start is None else start.checkpoint
 
 
@@ -88,6 +89,14 @@ def export(args: argparse.Namespace) -> Path:
     if output.exists():  # nothing this program writes overwrites an earlier output
         raise ExportError(f"--output {output} exists already: give another file name, or remove it first.")
     model, class_names, dataset = load(checkpoint_named(args))
+    holds = {"--model": (type(model).__name__, "a"), "--data.dataset": (dataset, "a model trained on")}
+    for option, given in {"--model": args.model, "--data.dataset": args.dataset}.items():
+        saved, what = holds[option]
+        if given is not None and given.rsplit(".", 1)[-1] != saved:  # the export would be of the checkpoint's
+            raise ExportError(
+                f"--ckpt_path {args.ckpt_path} holds {what} {saved}, but {option} names {given}: leave {option} out"
+                f" (the checkpoint's is used), or give a checkpoint of {given}."
+            )
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         if args.format == "torchscript":
