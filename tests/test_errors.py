@@ -421,6 +421,7 @@ def test_labels_out_of_range_stop_a_real_run_before_training(data_dir, tmp_path)
     assert "Global batch" not in result.stdout  # training never started
 
 
+@pytest.mark.slow  # a run with data-loading workers, as those of test_correctness.py and test_faults.py
 def test_a_data_loading_worker_killed_for_want_of_memory_is_a_fault_in_one_line_not_a_bug(data_dir, tmp_path):
     kill = ("--data.num_workers", "1", "--trainer.callbacks+=tests.helpers.KillLoaderWorkers")
     result = run_train(*one_run(data_dir, tmp_path, *kill, devices=1), timeout=120)
