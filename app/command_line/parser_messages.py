@@ -210,9 +210,11 @@ def _config_file_problem(message: str, argv: list[str], options: list[str]) -> s
         name = "--" + unknown.group(1).removesuffix(".class_path").removesuffix(".init_args")
         guess = guess_option(name, options) if options else None
         hint = f"did you mean {guess}?" if guess else f"`{train_py()} fit --help` lists every option."
-        keys = unknown.group(1).split(".")
-        holding = [c for c in configs if _holds(_read(c), keys) or _holds(_read(c), [subcommand_of(argv), *keys])]
-        source = holding[-1] if holding else "a config"  # the last file wins; none: a config typed inline
+        keys, source = unknown.group(1).split("."), "a config"  # none of the files: a config typed inline
+        for config in configs:  # the last file that sets it wins
+            settings = _read(config)
+            if _holds(settings, keys) or _holds(settings, [subcommand_of(argv), *keys]):
+                source = config
         return f"{name} (from {source}): no such option; {hint}"
     return None
 

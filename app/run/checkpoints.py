@@ -23,12 +23,8 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
     """The contents of a checkpoint written by train.py, loaded as data only (loading cannot run code); a
     `UserError` for anything else (missing, empty, truncated, not a checkpoint, code that would run)."""
     path = Path(path)
-    if path.is_dir():  # not a run's (app/run/continuation.py takes those): its checkpoints or its trained runs
-        runs = sorted(p.parents[1].name for p in path.glob("version_*/checkpoints/last*.ckpt"))
-        runs.sort(key=lambda name: int(name.removeprefix("version_")) if name[8:].isdigit() else -1, reverse=True)
-        inside = sorted(p.name for p in path.glob("*.ckpt")) or list(dict.fromkeys(runs))
-        hint = f"It holds {', '.join(inside[:3])}: give one of them" if inside else "Give a checkpoint file"
-        raise UserError(f"{option} {path} is a folder, not a checkpoint file or a run's folder. {hint}, or last.")
+    if path.is_dir():  # not a run's (app/run/continuation.py takes those, and names the runs of a model's folder)
+        raise UserError(not_a_checkpoint_folder(option, path, sorted(p.name for p in path.glob("*.ckpt"))))
     if not path.is_file():
         there = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
         hint = "Give a checkpoint written by train.py (runs/*/checkpoints)"
@@ -54,6 +50,12 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
             " the model could not be built as it was trained. Give a checkpoint written by train.py."
         )
     return checkpoint
+
+
+def not_a_checkpoint_folder(option: str, path: Path, inside: list[str]) -> str:
+    """A folder named where a checkpoint file or a run's folder was wanted: what it holds to give instead."""
+    hint = f"It holds {', '.join(inside[:3])}: give one of them" if inside else "Give a checkpoint file"
+    return f"{option} {path} is a folder, not a checkpoint file or a run's folder. {hint}, or last."
 
 
 def saved_model_class(checkpoint: dict[str, Any]) -> type | None:

@@ -12,7 +12,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 
 from app.errors import UserError
-from app.run.checkpoints import imported_class, read_checkpoint
+from app.run.checkpoints import imported_class, not_a_checkpoint_folder, read_checkpoint
 from app.run.folder import (
     is_run,
     last_checkpoint_of,
@@ -97,6 +97,9 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
     path = Path(ckpt_path)
     if path.is_dir() and is_run(path):
         return _continue(path, root)
+    runs = [path / f"version_{number}" for number in sorted(versions(path), reverse=True)]
+    if trained := [run.name for run in runs if last_checkpoint_of(run) is not None]:  # `runs/SeqNet-mnist`
+        raise UserError(not_a_checkpoint_folder("--ckpt_path", path, trained))
     contents = read_checkpoint(path)
     return Start(path, contents, settings=_settings_of_checkpoint(contents))
 

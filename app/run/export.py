@@ -89,9 +89,10 @@ def export(args: argparse.Namespace) -> Path:
     if output.exists():  # nothing this program writes overwrites an earlier output
         raise ExportError(f"--output {output} exists already: give another file name, or remove it first.")
     model, class_names, dataset = load(checkpoint_named(args))
-    holds = {"--model": (type(model).__name__, "a"), "--data.dataset": (dataset, "a model trained on")}
-    for option, given in {"--model": args.model, "--data.dataset": args.dataset}.items():
-        saved, what = holds[option]
+    for option, given, saved, what in (
+        ("--model", args.model, type(model).__name__, "a"),
+        ("--data.dataset", args.dataset, dataset, "a model trained on"),
+    ):
         if given is not None and given.rsplit(".", 1)[-1] != saved:  # the export would be of the checkpoint's
             raise ExportError(
                 f"--ckpt_path {args.ckpt_path} holds {what} {saved}, but {option} names {given}: leave {option} out"
