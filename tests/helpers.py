@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -708,15 +709,21 @@ class RecordCheckpointIO(Callback):
 
 class KillLoaderWorkers(Callback):
     """Test instrument: before training step `step`, this process's children (its data-loading workers, with one
-    device) are killed with SIGKILL, as the kernel's out-of-memory killer ends one."""
+    device) are killed with SIGKILL, as the kernel's out-of-memory killer ends one, and this process waits until
+    they have died: torch's SIGCHLD handler then says so at once. (Killed while the loader reads a batch from it,
+    a worker breaks the pipe instead: a race, and another error.)"""
 
     def __init__(self, step: int = 2) -> None:
         self.step = step
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
-            for pid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
-                os.kill(int(pid), signal.SIGKILL)
+        if trainer.global_step != self.step:
+            return
+        for pid in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+            died = os.pidfd_open(int(pid))
+            os.kill(int(pid), signal.SIGKILL)
+            select.select([died], [], [], WAIT_S)  # readable once the process has ended
+            os.close(died)
 
 
 def error_line(argv: list[str]) -> str:
