@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.main import main
 from tests.helpers import ends_in_error, run_in_process, run_train, scalars
@@ -17,10 +18,15 @@ COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "fals
 
 @pytest.fixture(scope="module")
 def run(checkpoint, tmp_path_factory) -> Path:
-    """A copy of the session's trained run, alone in a root of its own: `last` there is its last.ckpt."""
+    """A copy of the session's trained run, alone in a root of its own: `last` there is its last.ckpt. Its record
+    says that it trained without evaluating (`--trainer.limit_val_batches 0`, and the same of test and predict):
+    settings of how that run trained, which an evaluation of its weights must not take."""
     best, _ = checkpoint
     run = tmp_path_factory.mktemp("forms") / "runs" / "SeqNet-mnist" / "version_0"
     shutil.copytree(best.parents[1], run, ignore=shutil.ignore_patterns("test", "predict", "validate"))
+    record = yaml.safe_load((run / "config.yaml").read_text())
+    record["trainer"].update({f"limit_{stage}_batches": 0 for stage in ("val", "test", "predict")})
+    (run / "config.yaml").write_text(yaml.safe_dump(record))
     return run
 
 
@@ -124,8 +130,11 @@ def test_last_of_a_model_without_runs_names_the_runs_there_are(run, tmp_path):
 def test_after_a_fit_the_summary_holds_the_figures_of_the_weights_it_tested(data_dir, tmp_path):
     """The best checkpoint by the highest val/loss is the first epoch's (the loss falls): the summary's val/loss is
     that epoch's, the score the tested weights were chosen by, not the last validation's; its test figures are
-    those `test` gives for that checkpoint."""
+    those `test` gives for that checkpoint. A ModelCheckpoint of the user's, keeping the lowest val/loss (the last
+    epoch's), stands first among the callbacks: it does not take the place of the best checkpoint."""
     worst = ("--checkpoint.monitor", "val/loss", "--checkpoint.mode", "max", "--trainer.max_epochs", "2")
+    users = ("--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/loss")
+    worst += (*users, "--trainer.callbacks.filename", "users-{epoch}")
     limits = (
         "--trainer.limit_train_batches",
         "5",
@@ -143,5 +152,6 @@ def test_after_a_fit_the_summary_holds_the_figures_of_the_weights_it_tested(data
     summary = finished_line(fit.stdout + fit.stderr)
     assert summary.endswith(f"val/loss {first:.4f}") and "val/acc" not in summary
     (best,) = (run / "checkpoints").glob("epoch=0-*.ckpt")
+    assert f"Best checkpoint: {best}" in fit.stdout + fit.stderr
     tested = run_in_process("test", *argv, "--ckpt_path", str(best), "--trainer.default_root_dir", str(tmp_path))
     assert summary.startswith(finished_line(tested.stdout + tested.stderr))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -79,6 +80,8 @@ def test_hparams_tab_names_real_metrics_not_the_placeholder(fit_run):
     assert metric_tags == set(HPARAMS_METRICS)
     assert {"data/dataset", "data/batch_size", "model/class_path", "model/optimizer/lr", "trainer/devices"} <= hparams
     assert "hp_metric" not in scalars(run_dir(root))
+    # and hparams.yaml, which Lightning reads back with `hparams_file=`, holds plain values (not Python objects)
+    assert yaml.safe_load((run_dir(root) / "hparams.yaml").read_text())["data"]["dataset"] == "mnist"
 
 
 def test_only_rank_zero_writes_logs_and_checkpoints(fit_run):

@@ -147,15 +147,19 @@ def test_a_bad_argument_of_a_class_in_a_config_file_names_that_argument_and_valu
         ("model:\n  class_path: models.SeqNet\n    init_args: {}\n", "line 3: not valid YAML (mapping values are not"),
         ("trainer:\n  max_epochs: 1\n trainer2: 3\n", "line 3: not valid YAML (while parsing a block mapping"),
         ("# nothing but a comment\n", "is empty. Put settings there"),
+        ("hello\n", "holds `hello`, not settings. Put settings there"),
+        ("- 1\n- 2\n", "holds `- 1 - 2`, not settings. Put settings there"),
+        (b"PK\x03\x04\x80\xff", "is not a text file: give a YAML file of settings"),
         ("modle:\n  class_path: models.ConvNet\n", "--modle (from CONFIG): no such option; did you mean --model?"),
     ],
-    ids=["not YAML", "badly indented", "empty", "a misspelt section"],
+    ids=["not YAML", "badly indented", "empty", "a word", "a list", "a checkpoint", "a misspelt section"],
 )
 def test_a_config_file_that_cannot_be_read_or_sets_no_option_is_named(tmp_path, config, words):
-    """jsonargparse said `in "<unicode string>"`, "Unexpected config:" with nothing after it, or "Subcommand 'fit'
-    does not accept option 'modle.class_path'", naming no file."""
+    """jsonargparse said `in "<unicode string>"`, "Unexpected config:" with nothing or the file's YAML after it, or
+    "Subcommand 'fit' does not accept option 'modle.class_path'", naming no file; a file that is no text was "an
+    unexpected UnicodeDecodeError"."""
     path = tmp_path / "mine.yaml"
-    path.write_text(config)
+    path.write_bytes(config if isinstance(config, bytes) else config.encode())
     for command in (["fit", "-c", str(path)], ["--config", str(path)]):
         message = error_line(command)
         assert words.replace("CONFIG", str(path)) in message

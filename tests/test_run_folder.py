@@ -176,6 +176,22 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
     assert "max_exp_avg_sq" in last_checkpoint(run)["optimizer_states"][0]["state"][0]
 
 
+def test_a_run_named_by_another_spelling_of_its_folder_keeps_its_best_checkpoint(
+    data_dir, tmp_path, adadelta_run, monkeypatch
+):
+    """Moved, and named relative to the working folder: Lightning compares the checkpoint folder as text, so it
+    dropped the best score (the next epoch, no better, became the best) and kept the old folder's best file, which
+    names another run's file (tested after the fit)."""
+    run = copy_of(adadelta_run, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ("--ckpt_path", str(run.relative_to(tmp_path)), "--trainer.max_epochs", "2")
+    result = run_in_process(*one_process(data_dir, None, *args, "--model.optimizer.lr", "0"))  # epoch 1 = epoch 0
+    assert result.returncode == 0, result.stderr[-3000:]
+    (best,) = re.findall(r"^Best checkpoint: (.+)$", result.stdout + result.stderr, re.MULTILINE)
+    assert Path(best).resolve() == run / "checkpoints" / "epoch=0-step=20.ckpt"
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["epoch=0-step=20.ckpt", "last.ckpt"]
+
+
 def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_second_continuation_keeps_it(
     data_dir, tmp_path
 ):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, Trainer
 from lightning.pytorch.accelerators import AcceleratorRegistry, CPUAccelerator, CUDAAccelerator, MPSAccelerator
 
 from app.errors import UserError
@@ -57,6 +57,25 @@ def check_counts(values: dict[str, object]) -> None:
         if isinstance(value, int) and value < 1:
             fraction = ", or a fraction of an epoch such as 0.25" if option.endswith("val_check_interval") else ""
             raise UserError(f"{option} {value}: must be 1 or more{fraction}. Give {option} another value.")
+
+
+def check_callback_states(callbacks: list[Callback], options: dict[int, str]) -> None:
+    """Refuse two callbacks that keep their state under one key (a ModelCheckpoint of the user's with the settings of
+    `--last_checkpoint`): Lightning refuses them at the first save, after an epoch, with a traceback. `options`
+    names this program's callbacks by their option (`--last_checkpoint`); the others are `--trainer.callbacks`'."""
+    seen: dict[str, Callback] = {}
+    for callback in callbacks:
+        if type(callback).state_dict is Callback.state_dict:  # it keeps no state
+            continue
+        first = seen.setdefault(callback.state_key, callback)
+        if first is not callback:
+            named = [options.get(id(c), f"--trainer.callbacks {type(c).__name__}") for c in (callback, first)]
+            named.sort(key=lambda name: not name.startswith("--trainer.callbacks"))  # the user's first
+            settings = callback.state_key.removeprefix(type(callback).__qualname__)
+            raise UserError(
+                f"{named[0]} has the settings of {named[1]} ({settings}), and Lightning cannot keep the state of both"
+                " in a checkpoint: give one of them other settings, or leave it out."
+            )
 
 
 SEEDS = (0, 2**32 - 1)  # what NumPy, and so Lightning's seed_everything, takes

@@ -4,6 +4,7 @@ and the deepest cause, in words a user acts on."""
 import difflib
 import importlib
 import re
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -203,8 +204,10 @@ def _config_file_problem(message: str, argv: list[str], options: list[str]) -> s
         problem = " ".join(re.sub(r'\s*in "<unicode string>", line \d+, column \d+', "", text).split())
         place = f", line {lines[-1]}" if lines else ""
         return f"--config {refused}{place}: not valid YAML ({problem.rstrip('.')})."
-    if "Unexpected config:" in message and (empty := next((c for c in configs if _empty(c)), None)):
-        return f"--config {empty} is empty. Put settings there (`{train_py()} fit --print_config` prints them all)."
+    odd = next((c for c in configs if Path(c).is_file() and not isinstance(_read(c), dict)), None)
+    if "Unexpected config:" in message and odd is not None:  # empty, or YAML that is no mapping (`hello`, a list)
+        said = " is empty" if _empty(odd) else f" holds `{textwrap.shorten(Path(odd).read_text(), 40)}`, not settings"
+        return f"--config {odd}{said}. Put settings there (`{train_py()} fit --print_config` prints them all)."
     unknown = re.search(r"does not accept option '([\w.]+)'", message)
     if unknown and configs and not values_given(argv, f"--{unknown.group(1)}"):  # not typed: from a config file
         name = "--" + unknown.group(1).removesuffix(".class_path").removesuffix(".init_args")
@@ -250,6 +253,19 @@ def _refused_tag(tag: str, message: str, argv: list[str]) -> str:
         f"{source}: the tag {shown} is refused: a config holds plain values (numbers, strings, lists, mappings),"
         " nothing that builds Python objects. Remove the tag; a class is given as class_path and init_args."
     )
+
+
+def config_not_text(argv: list[str]) -> str | None:
+    """The line for a config file that is no text (a checkpoint, a picture), which the parser fails to decode."""
+    for path in _configs_named(argv):
+        try:
+            Path(path).read_text()
+        except UnicodeDecodeError:
+            how = f"`{train_py()} fit --print_config` prints them all"
+            return f"--config {path} is not a text file: give a YAML file of settings ({how})."
+        except OSError:
+            continue
+    return None
 
 
 def _configs_named(argv: list[str]) -> list[str]:

@@ -24,6 +24,7 @@ from app.command_line.argv import subcommand_of, value_given
 from app.command_line.checks import (
     COUNTS,
     check_accelerator,
+    check_callback_states,
     check_counts,
     check_data,
     check_launcher,
@@ -32,7 +33,7 @@ from app.command_line.checks import (
     check_writable,
 )
 from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
-from app.command_line.parser_messages import shorten
+from app.command_line.parser_messages import config_not_text, shorten
 from app.command_line.quiet import silence_a_continuation
 from app.command_line.same_settings import COMMAND, STARTS_FROM, same_settings_everywhere
 from app.command_line.trainer import Trainer
@@ -175,6 +176,10 @@ class TrainCLI(LightningCLI):
         """Parse, and check the values Lightning takes unchecked; an unknown option is met with a guess."""
         try:
             self._parse_with_the_starts_settings(parser, args)
+        except UnicodeDecodeError:
+            if (line := config_not_text(args)) is None:
+                raise
+            raise UserError(line) from None
         except ArgumentError as error:
             if "nrecognized arguments" not in str(error) and "does not accept option" not in str(error):
                 raise
@@ -428,6 +433,9 @@ class TrainCLI(LightningCLI):
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in users):
             callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_BAR_EVERY_N_STEPS))
         self._take_the_launchers_shape(config, callbacks)
+        made = self.config_init[self.subcommand]  # this program's callbacks, by their option (`--last_checkpoint`)
+        own = {id(made[key]): f"--{key}" for key in self._parser(self.subcommand).callback_keys}
+        check_callback_states([*users, *callbacks], own)  # Lightning's own check raises a RuntimeError, "a bug"
         return super()._instantiate_trainer(config, callbacks)
 
     def _take_the_launchers_shape(self, config: dict, callbacks: list) -> None:
@@ -577,10 +585,16 @@ class TrainCLI(LightningCLI):
         self._check_before_launch("predict")
 
     def after_fit(self) -> None:
-        checkpoint = self.trainer.checkpoint_callback  # the first one: best by val/acc
-        best = checkpoint.best_model_path if checkpoint is not None else ""
+        # The best by --checkpoint.monitor (val/acc): this program's own, not a ModelCheckpoint of the user's
+        checkpoint = self.config_init[self.subcommand]["checkpoint"]
+        best = checkpoint.best_model_path if checkpoint in self.trainer.callbacks else ""
         metrics = dict(self.trainer.callback_metrics)  # the last validation's; test() replaces them
-        if self.test_after_fit:
+        if self.test_after_fit and self.trainer.global_step == 0:  # Lightning's meaning of a 0, kept for the fit
+            rank_zero_info(
+                "No test: the fit took no training step (--trainer.max_epochs, --trainer.max_steps or"
+                " --trainer.limit_train_batches 0), and the figures of untrained weights would mean nothing."
+            )
+        elif self.test_after_fit:
             try:
                 self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             except STOPS:

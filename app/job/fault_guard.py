@@ -76,6 +76,7 @@ class FaultGuard(Callback):
         self.checkpoint_every_s = checkpoint_every_s
         self.saved_at = 0.0  # when this process last saw a checkpoint saved, or training start
         self.stop_signal: int | None = None
+        self.stop_said = False  # that the stop waits for the validation under way
         self.requeue = False
         self.last_loss: torch.Tensor | None = None
         self.heartbeats: Heartbeats | None = None
@@ -166,10 +167,24 @@ class FaultGuard(Callback):
         """Which job saved the checkpoint, on how many nodes: for `TrainCLI._say_the_job_changed_size`."""
         return {"torchrun_run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "num_nodes": self._trainer.num_nodes}
 
-    def on_validation_batch_end(self, *args, **kwargs) -> None:
+    def on_validation_batch_end(self, trainer: Trainer, *args, **kwargs) -> None:
+        """A stop recorded in training waits for its check at the epoch's end (or the next `every_n_steps`-th step),
+        after the validation under way, which may take a while: said once, from global rank 0, as it starts."""
         self.batches += 1
+        if self.stop_signal and not self.stop_said and not trainer.sanity_checking:
+            self.stop_said = True
+            again = (
+                "; Ctrl-C again stops at once, keeping what was saved before"
+                if self.stop_signal == signal.SIGINT
+                else ""
+            )
+            check = (trainer.global_step // self.every_n_steps + 1) * self.every_n_steps
+            say(
+                f"{SIGNAL_NAMES[self.stop_signal]}: the run stops after this validation, at the end of epoch"
+                f" {trainer.current_epoch} or after step {check}, whichever comes first{again}."
+            )
 
-    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end  # no stop waits there (`_record_stop_signal`)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Check after every `every_n_steps`-th optimizer step: with `--trainer.accumulate_grad_batches N` a stop

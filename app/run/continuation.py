@@ -93,10 +93,10 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
                 f"--ckpt_path last: no run under {runs_of_model} holds a last checkpoint. {how}, or give --ckpt_path"
                 " a run's folder or a checkpoint file."
             )
-        return _continue(run, root)
+        return _from_run(run, root, subcommand)
     path = Path(ckpt_path)
     if path.is_dir() and is_run(path):
-        return _continue(path, root)
+        return _from_run(path, root, subcommand)
     runs = [path / f"version_{number}" for number in sorted(versions(path), reverse=True)]
     if trained := [run.name for run in runs if last_checkpoint_of(run) is not None]:  # `runs/SeqNet-mnist`
         raise UserError(not_a_checkpoint_folder("--ckpt_path", path, trained))
@@ -124,14 +124,16 @@ def _slurm_checkpoint(root: Path) -> Path | None:
     return max(root.glob("hpc_ckpt_*.ckpt"), key=lambda path: path.stat().st_mtime, default=None)
 
 
-def _continue(run: Path, root: Path) -> Start:
-    """Continue `run` from its newest last checkpoint (or SLURM's, when newer), with its newest record's settings."""
+def _from_run(run: Path, root: Path, subcommand: str) -> Start:
+    """Continue `run` from its newest last checkpoint (or SLURM's, when newer), with its newest record's settings;
+    evaluate that checkpoint with its own settings, as when the file is named (the record's trainer settings, its
+    `limit_test_batches` say, would evaluate part of the data)."""
     candidates = [path for path in (last_checkpoint_of(run), _slurm_checkpoint(root)) if path is not None]
     if not candidates:
         raise UserError(f"--ckpt_path {run}: this run holds no last checkpoint yet. Train it first, or start afresh.")
     checkpoint = max(candidates, key=lambda path: path.stat().st_mtime)
     contents = read_checkpoint(checkpoint)
-    record = newest_record(run)
+    record = newest_record(run) if subcommand == "fit" else None
     if record is None:
         return Start(checkpoint, contents, run, settings=_settings_of_checkpoint(contents))
     settings = read_record(record)

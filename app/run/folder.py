@@ -90,6 +90,18 @@ class RunFolder(Callback):
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self.started = True
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """A run continued under another spelling of its folder (absolute where it started relative, or from another
+        working folder): its checkpoint callbacks' states name their files in this spelling. Lightning compares the
+        folders as text: it would drop the best score (a worse epoch then taken for the best), and keep the best
+        file's old spelling, which from here may name another run's file (then tested after the fit)."""
+        if not self.continued:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            state = checkpoint.get("callbacks", {}).get(callback.state_key)
+            if state and callback.dirpath:
+                _respell(state, callback.dirpath)
+
     def undo(self) -> None:
         """Remove what this process wrote in a folder it holds: a new run's folder, or a continuation's new files."""
         if self.path is None or self._lock is None:
@@ -125,6 +137,25 @@ class RunFolder(Callback):
                 return False
         self._lock = descriptor
         return True
+
+
+def _respell(state: dict, dirpath: str) -> None:
+    """A `ModelCheckpoint` state with its folder and files spelled from `dirpath`, where its files are there."""
+    saved = state.get("dirpath")
+    if not saved or saved == dirpath:
+        return
+
+    def here(path: str) -> str:
+        return os.path.join(dirpath, os.path.basename(path)) if path and os.path.dirname(path) == saved else path
+
+    files = [state.get("best_model_path"), *state.get("best_k_models", {})]
+    if not all(os.path.exists(here(path)) for path in files if path):  # another folder: Lightning's warning stands
+        return
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = here(state[key])
+    state["best_k_models"] = {here(path): score for path, score in state.get("best_k_models", {}).items()}
+    state["dirpath"] = dirpath
 
 
 def versions(parent: Path) -> list[int]:

@@ -3,6 +3,7 @@ and the same settings in TensorBoard's HPARAMS tab."""
 
 from typing import Any
 
+import yaml
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from typing_extensions import override
@@ -43,7 +44,7 @@ class RunRecord(SaveConfigCallback):
 
     @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        config = self.config.as_dict()
+        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # plain values, as in config.yaml
         settings = {section: _without_unset(config[section]) for section in HPARAMS_SECTIONS if section in config}
         for logger in trainer.loggers:
             logger.log_hyperparams(settings)
