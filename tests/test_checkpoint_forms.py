@@ -155,3 +155,13 @@ def test_after_a_fit_the_summary_holds_the_figures_of_the_weights_it_tested(data
     assert f"Best checkpoint: {best}" in fit.stdout + fit.stderr
     tested = run_in_process("test", *argv, "--ckpt_path", str(best), "--trainer.default_root_dir", str(tmp_path))
     assert summary.startswith(finished_line(tested.stdout + tested.stderr))
+
+
+def test_an_evaluation_says_which_settings_differ_from_those_the_weights_were_trained_with(checkpoint, data_dir):
+    """Another validation split may hold images the weights trained on: the command may ask for it, and is told."""
+    best, _ = checkpoint
+    argv = ("--data.data_dir", str(data_dir), *COMMON, "--data.val_split_seed", "3", "--ckpt_path", str(best))
+    result = run_in_process("validate", *argv, "--trainer.limit_val_batches", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"--ckpt_path {best}: {best} (step " in result.stderr
+    assert "); changed: --data.val_split_seed 0 -> 3." in result.stderr

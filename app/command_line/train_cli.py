@@ -552,8 +552,9 @@ class TrainCLI(LightningCLI):
         if self.subcommand == "fit":
             how = f"continuing {self.start.where}" if self.start.run else f"a new run from {self.start.where}"
             rank_zero_info(f"--ckpt_path {ckpt_path}: {how}{changes}.")
-        else:  # which weights are evaluated (Lightning's own "Restoring states ..." is silenced: quiet.py)
-            rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}.")
+        else:  # which weights are evaluated (Lightning's own "Restoring states ..." is silenced: quiet.py), and the
+            # settings given other than they were trained with (another dataset, another validation split)
+            rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}{changes}.")
 
     def processes_started_here(self) -> list[subprocess.Popen]:
         """The processes of this node that Lightning's launcher started from this one (`launcher.procs`)."""
