@@ -30,10 +30,23 @@ def mnist_pixels(path: Path | str) -> np.ndarray:
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             with Image.open(path) as image:
-                gray = ImageOps.grayscale(_opaque(ImageOps.exif_transpose(image)))
+                gray = ImageOps.grayscale(_opaque(_eight_bit(ImageOps.exif_transpose(image))))
         except Image.DecompressionBombWarning as warning:
             raise Image.DecompressionBombError(str(warning)) from None
     return as_mnist_digit(np.asarray(gray, dtype=np.float32))
+
+
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit grayscale picture (a scan) or a float one (0 to 1, or to 255) brought to 8 bits by its range: Pillow's
+    own conversion clips every value above 255 to white, which leaves of dark strokes on paper only the darkest."""
+    if not image.mode.startswith("I") and image.mode != "F":
+        return image
+    pixels = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        top = 1.0 if pixels.max() <= 1 else 255.0
+    else:  # "I;16" (a 16-bit PNG), or "I" (32 bits, which Pillow opens 16-bit files as too)
+        top = 65535.0 if image.mode.startswith("I;16") or pixels.max() > 255 else 255.0
+    return Image.fromarray(np.uint8(np.clip(np.round(pixels / top * 255), 0, 255)))
 
 
 def _opaque(image: Image.Image) -> Image.Image:

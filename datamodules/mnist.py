@@ -193,7 +193,11 @@ class MNISTDataModule(LightningDataModule):
         """Download the files if they are missing. Lightning calls this once per node, on local rank 0.
 
         Files a folder off (`--data.data_dir` naming the folder that holds them, or the dataset's own folder) are
-        pointed at rather than downloaded beside them; a download that fails leaves no folder it made behind."""
+        pointed at rather than downloaded beside them; a download that fails leaves no folder it made behind. Nothing
+        for a predict of a folder of pictures (`reads_the_dataset`)."""
+        predicting = self.trainer is not None and self.trainer.predicting
+        if not self.reads_the_dataset(("predict",) if predicting else ("fit",)):
+            return
         if _holds_the_files(self.dataset_class, self.raw_folder):
             return
         self._point_at_files_nearby()
@@ -210,6 +214,11 @@ class MNISTDataModule(LightningDataModule):
                 f"Put {', '.join(self.file_names)} there (gunzip the .gz files), or point --data.data_dir at the "
                 f"folder that holds {self.dataset_class.__name__}/raw/.{self._other_dataset_there()}"
             ) from err
+
+    def reads_the_dataset(self, stages: tuple[str, ...]) -> bool:
+        """Whether `stages` read the dataset's files: all but a predict of a folder of pictures (`predict_dir`),
+        which a machine without the dataset may run."""
+        return stages != ("predict",) or self.hparams.predict_dir is None
 
     def _point_at_files_nearby(self) -> None:
         """The four files in `--data.data_dir` itself, or in its `raw/`: one line that says which folder to give."""
@@ -245,6 +254,8 @@ class MNISTDataModule(LightningDataModule):
             self.train_set = BatchedTensorDataset(images[train_index], targets[train_index])
             self.val_set = BatchedTensorDataset(images[val_index], targets[val_index])
         if stage == "predict" and self.hparams.predict_dir is not None:
+            if not self.hparams.predict_dir:  # `--data.predict_dir "$DIR"` with the variable unset: not the folder here
+                raise DataError("--data.predict_dir '': an empty value names no folder. Give the folder of pictures.")
             if self.predict_set is None:
                 self.predict_set = self._load_folder(Path(self.hparams.predict_dir))
         elif stage in ("test", "predict") and self.test_set is None:
@@ -320,6 +331,8 @@ class MNISTDataModule(LightningDataModule):
             )
         if not images:
             said = " (each file was skipped, as said above)" if blank or skipped or too_large else ""
+            if any(path.is_dir() for path in folder.iterdir()):
+                said += " (its subfolders are not searched)"
             raise DataError(
                 f"--data.predict_dir {folder} holds no picture to predict{said}: put PNG, JPEG or BMP files there."
             )
@@ -349,8 +362,15 @@ class MNISTDataModule(LightningDataModule):
         return self._loader(self.test_set, self.hparams.eval_batch_size, sampler=sampler)
 
     def predict_dataloader(self) -> DataLoader:
-        # Lightning shards predictions without repeats already
-        return self._loader(self.predict_set or self.test_set, self.hparams.eval_batch_size)
+        # Lightning shards predictions without repeats already, and refuses a rank left without one (an assertion)
+        dataset, processes = self.predict_set or self.test_set, self.trainer.world_size if self.trainer else 1
+        if len(dataset) < processes:
+            raise DataError(
+                f"--data.predict_dir {self.hparams.predict_dir} holds {len(dataset)} picture(s) to predict, fewer than"
+                f" the {processes} processes that would share them: predict them in {len(dataset)} (--devices"
+                f" {len(dataset)})."
+            )
+        return self._loader(dataset, self.hparams.eval_batch_size)
 
     def _evaluation_sampler(self, dataset: BatchedTensorDataset) -> UnrepeatedDistributedSampler | None:
         """Under DDP, give each rank every world_size-th sample, each sample to exactly one rank.

@@ -65,6 +65,8 @@ def bad_checkpoint(kind: str, folder: Path, good: Path) -> Path:
         torch.save(saved, path)
     elif kind == "state_dict_only":
         torch.save(torch.load(good, weights_only=True)["state_dict"], path)
+    elif kind == "torchscript":  # what `train.py export --format torchscript` writes
+        torch.jit.save(torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2)), str(path))
     elif kind == "other_zip":
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("notes.txt", "not a checkpoint")
@@ -83,6 +85,7 @@ BAD_CHECKPOINTS = {
     "state_dict_only": "is no Lightning checkpoint",
     "no_settings": "holds no model settings (hyper_parameters)",
     "other_zip": "is truncated or corrupt",
+    "torchscript": "is a TorchScript model (`train.py export` writes them), not a checkpoint: give the checkpoint",
 }
 
 

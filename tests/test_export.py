@@ -59,6 +59,7 @@ def test_exported_model_takes_pixels_and_gives_the_checkpoints_logits(
         ({"--output": "a_file/model.onnx"}, "cannot write there"),
         ({"--output": None}, "required: --output"),
         ({"--output": "a_file"}, "--output a_file exists already: give another file name, or remove it first."),
+        ({"--output": "new/"}, "--output new/ names a folder: give the file to write (new/model.onnx)."),  # not `new`
         ({"--model": "ConvNet"}, "holds a SeqNet, but --model names ConvNet: leave --model out"),  # as test does
         ({"--data.dataset": "FashionMNIST"}, "holds a model trained on mnist, but --data.dataset names fashion_mnist"),
     ],
@@ -73,7 +74,7 @@ def test_bad_export_arguments_end_in_one_line(checkpoint, tmp_path, monkeypatch,
         main(["export", *argv])
     message = said.line
     assert isinstance(message, str) and message.startswith("error: ") and words in message and "\n" not in message
-    assert not (tmp_path / "model.onnx").exists()
+    assert not (tmp_path / "model.onnx").exists() and not (tmp_path / "new").exists()
 
 
 def test_onnx_without_its_package_says_which_extra_to_install(checkpoint, tmp_path, monkeypatch):

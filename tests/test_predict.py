@@ -1,6 +1,8 @@
 """`train.py predict`: one CSV row per input, the same for any number of processes, also for a folder of images."""
 
 import csv
+import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -13,7 +15,7 @@ from PIL import Image, ImageDraw, ImageOps
 from datamodules.images import mnist_pixels
 from models import SeqNet
 from tests.conftest import TEST_SIZE
-from tests.helpers import run_in_process, run_train
+from tests.helpers import error_line, run_in_process, run_train
 from tests.synthetic import read_idx_images
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
@@ -69,6 +71,7 @@ def test_test_and_predict_of_a_runs_checkpoint_on_two_processes_write_beside_tha
         assert said in result.stdout + result.stderr  # which weights, once, in this program's words
         assert "Restoring states" not in result.stderr and "Loaded model weights" not in result.stderr
     assert list((run / "test" / "version_0").glob("events.out.tfevents.*"))
+    assert [path.name for path in (run / "predict").iterdir()] == ["version_0"]  # rank 1 claimed none
     assert [path.name for path in run.parent.iterdir()] == ["version_0"]  # no new run folder
     one_process = tmp_path / "one_process.csv"
     result = predict(best, one_process)
@@ -87,13 +90,15 @@ def test_a_folder_of_images_is_predicted_file_by_file_and_a_broken_file_is_named
     scan = ImageOps.invert(Image.fromarray(dark_background[0])).resize((84, 84)).convert("RGB")  # dark on white
     scan.save(images / "b_scan.jpg", quality=95)
     (images / "c_broken.png").write_bytes(b"not an image")
+    (images / os.fsdecode(b"d_caf\xe9.png")).write_bytes((images / "a0.png").read_bytes())  # Latin-1, an old zip's
     output = tmp_path / "folder.csv"
     result = predict(best, output, "--data.predict_dir", str(images), devices=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("c_broken.png") == 1  # one warning, from one process
     rows = read_csv(output)
     assert list(rows[0]) == ["file", "prediction", "class_name", "probability"]
-    assert [row["file"] for row in rows] == ["a0.png", "a1.png", "a2.png", "b_scan.jpg"]
+    assert [row["file"] for row in rows] == ["a0.png", "a1.png", "a2.png", "b_scan.jpg", "d_caf\\xe9.png"]
+    assert rows[4]["prediction"] == rows[0]["prediction"]
     model = SeqNet.load_from_checkpoint(best, map_location="cpu").eval()
     with torch.no_grad():
         expected = model(torch.from_numpy(dark_background)).argmax(dim=1).tolist()
@@ -122,26 +127,81 @@ def test_a_picture_of_28x28_is_taken_as_the_datasets_store_theirs(data_dir, tmp_
     assert (mnist_pixels(tmp_path / "scan.png") == original).all()
 
 
+@pytest.mark.parametrize("depth", ["16-bit", "float"])
+def test_a_picture_of_more_than_8_bits_is_read_as_its_8_bit_copy(data_dir, tmp_path, depth):
+    """Pillow clipped every value above 255 to white: of a 16-bit scan (dark strokes on paper) only the darkest
+    pixels were left, and a float picture (0 to 1) was blank."""
+    digit = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[0]
+    page = np.kron(255 - digit, np.ones((3, 3), dtype=np.uint8))  # 84x84, dark on light
+    Image.fromarray(page).save(tmp_path / "8-bit.png")
+    if depth == "16-bit":
+        Image.fromarray(page.astype(np.uint16) * 257).save(tmp_path / "deep.png")
+    else:
+        Image.fromarray(page.astype(np.float32) / 255).save(tmp_path / "deep.tif")
+    (deep,) = tmp_path.glob("deep.*")
+    assert Image.open(deep).mode != "L"
+    assert (mnist_pixels(deep) == mnist_pixels(tmp_path / "8-bit.png")).all()
+
+
 @pytest.mark.parametrize(
     ("make", "words"),
     [
         (None, "no such folder"),
         ("file", "is a file, not a folder"),
         ("folder", "holds no picture to predict (each file was skipped, as said above)"),
+        ("one picture", "holds 1 picture(s) to predict, fewer than the 2 processes that would share them"),
+        ("subfolders", "holds no picture to predict (its subfolders are not searched)"),
+        ("''", "--data.predict_dir '': an empty value names no folder"),  # an unset $DIR: not the working folder
     ],
 )
-def test_a_folder_without_images_ends_in_one_line(checkpoint, tmp_path, make, words):
+def test_a_folder_without_images_ends_in_one_line(checkpoint, data_dir, tmp_path, make, words):
+    """Or with fewer pictures than processes, where Lightning's sampler failed an assertion ("a bug")."""
     best, _ = checkpoint
     folder = tmp_path / "mine"
     if make == "file":
         folder.write_text("a file, not a folder")
-    if make == "folder":
+    if make in ("folder", "one picture"):
         folder.mkdir()
         (folder / "notes.txt").write_text("no picture here")
-    result = predict(best, tmp_path / "p.csv", "--data.predict_dir", str(folder))
+    digit = Image.fromarray(read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[0])
+    if make == "one picture":
+        digit.save(folder / "digit.png")
+    if make == "subfolders":
+        (folder / "7").mkdir(parents=True)  # pictures sorted by class, as in torchvision's ImageFolder
+        digit.save(folder / "7" / "a.png")
+    devices = 2 if make == "one picture" else 1
+    named = "" if make == "''" else str(folder)
+    result = predict(best, tmp_path / "p.csv", "--data.predict_dir", named, devices=devices)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: --data.predict_dir") and words in last_line
+    assert re.match(r"error( \(rank \d\))?: --data.predict_dir", last_line) and words in last_line, last_line
+
+
+def test_a_folder_of_pictures_is_predicted_without_the_datasets_files(checkpoint, data_dir, tmp_path):
+    """On a machine with a checkpoint and pictures but not the dataset: it asked for the dataset, which it never reads
+    (and a machine online downloaded it)."""
+    best, _ = checkpoint
+    pictures, empty = tmp_path / "mine", tmp_path / "no data"
+    pictures.mkdir()
+    empty.mkdir()
+    Image.fromarray(read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[0]).save(pictures / "7.png")
+    result = predict(best, tmp_path / "p.csv", "--data.predict_dir", str(pictures), "--data.data_dir", str(empty))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [row["file"] for row in read_csv(tmp_path / "p.csv")] == ["7.png"]
+    assert not list(empty.iterdir())
+
+
+def test_a_predict_with_another_dataset_than_the_checkpoints_is_refused(checkpoint, data_dir, tmp_path):
+    """Its class names would have labelled the answers: MNIST's digits called pullovers."""
+    best, _ = checkpoint
+    argv = ("predict", "--ckpt_path", str(best), *COMMON, "--data.data_dir", str(data_dir))
+    message = error_line([*argv, "--data.dataset", "FashionMNIST", "--trainer.default_root_dir", str(tmp_path)])
+    assert message == (
+        f"error: --ckpt_path {best} holds a model trained on mnist, but --data.dataset names fashion_mnist, whose class"
+        " names would label its predictions: leave --data.dataset out (the checkpoint's is used), or give a"
+        " checkpoint of fashion_mnist."
+    )
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(

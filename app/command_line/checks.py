@@ -121,6 +121,7 @@ def check_data(trainer: Trainer, datamodule: LightningDataModule, stages: tuple[
     file is one message from one process; the others load the data in `setup`, after Lightning's barrier."""
     if trainer.local_rank != 0:
         return
-    datamodule.prepare_data()
+    if getattr(datamodule, "reads_the_dataset", lambda stages: True)(stages):
+        datamodule.prepare_data()
     for stage in stages:
         datamodule.setup(stage)

@@ -43,10 +43,13 @@ from app.job.launcher_shape import LauncherShape, launcher_shape
 from app.job.rendezvous import Meeting
 from app.run.checkpoints import AtomicCheckpointIO, remove_partial_files
 from app.run.continuation import (
+    DATA_OF_THE_RUN,
     Start,
     changes_between,
     find_start,
+    model_changes,
     refuse_another_class,
+    refuse_another_dataset,
     refuse_another_model,
     refuse_weights_that_do_not_fit,
 )
@@ -231,6 +234,8 @@ class TrainCLI(LightningCLI):
             ]
         self.start.changes = changes_between(self.start.settings, self._dumped(subcommand))
         refuse_another_class(self.start)
+        if subcommand == "predict":
+            refuse_another_dataset(self.start)
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)
 
@@ -547,13 +552,16 @@ class TrainCLI(LightningCLI):
             )
 
     def _say_where_it_starts(self) -> None:
-        ckpt_path = self._setting("ckpt_path")
-        changes = f"; changed: {', '.join(map(str, self.start.changes))}" if self.start.changes else ""
+        ckpt_path, changed = self._setting("ckpt_path"), self.start.changes
+        if self.subcommand != "fit":  # of an evaluation, what makes its figures another's than the weights were
+            # trained with: the network, another dataset, another validation split (not a folder, a batch size)
+            data = [change for change in changed if change.option in DATA_OF_THE_RUN]
+            changed = model_changes(changed, ImageClassifier.training_settings) + data
+        changes = f"; changed: {', '.join(map(str, changed))}" if changed else ""
         if self.subcommand == "fit":
             how = f"continuing {self.start.where}" if self.start.run else f"a new run from {self.start.where}"
             rank_zero_info(f"--ckpt_path {ckpt_path}: {how}{changes}.")
-        else:  # which weights are evaluated (Lightning's own "Restoring states ..." is silenced: quiet.py), and the
-            # settings given other than they were trained with (another dataset, another validation split)
+        else:  # which weights are evaluated (Lightning's own "Restoring states ..." is silenced: quiet.py)
             rank_zero_info(f"--ckpt_path {ckpt_path}: {self.start.where}{changes}.")
 
     def processes_started_here(self) -> list[subprocess.Popen]:

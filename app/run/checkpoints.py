@@ -5,6 +5,8 @@ import errno
 import os
 import pickle
 import sys
+import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -34,7 +36,9 @@ def read_checkpoint(path: str | Path, option: str = "--ckpt_path") -> dict[str, 
     if path.stat().st_size == 0:
         raise UserError(f"{option} {path} is empty (0 bytes): its writing was cut off. Use another checkpoint.")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # an exported model: said below in one line instead
+            warnings.filterwarnings("ignore", message=".*looks like a TorchScript archive")
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise UserError(unpickling_problem(f"{option} {path}", error)) from error
     except Exception as error:  # torch's readers fail in many ways on bytes that are no checkpoint
@@ -75,12 +79,26 @@ def imported_class(path: str) -> type | None:
 def _unreadable(path: Path, option: str) -> str:
     with open(path, "rb") as file:
         is_zip = file.read(4) == b"PK\x03\x04"  # torch saves checkpoints as zip archives
+    if is_zip and _is_torchscript(path):
+        return (
+            f"{option} {path} is a TorchScript model (`train.py export` writes them), not a checkpoint: give the"
+            " checkpoint it was exported from."
+        )
     if is_zip:
         return (
             f"{option} {path} is truncated or corrupt: torch cannot read it as a checkpoint. Copy it again, or use"
             " another checkpoint (last.ckpt, or the best one in the same folder)."
         )
     return unpickling_problem(f"{option} {path}", pickle.UnpicklingError())
+
+
+def _is_torchscript(path: Path) -> bool:
+    """Whether the zip archive at `path` is a TorchScript model: its code is inside."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("constants.pkl") or "/code/" in name for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def unpickling_problem(what: str, error: pickle.UnpicklingError) -> str:

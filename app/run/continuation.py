@@ -234,6 +234,19 @@ def refuse_another_class(start: Start) -> None:
             )
 
 
+def refuse_another_dataset(start: Start) -> None:
+    """`predict` with another `--data.dataset` than the checkpoint's: the other dataset's class names would label
+    the answers (a digit called a pullover), as `export` refuses too."""
+    for change in start.changes:
+        if change.option == "--data.dataset":
+            trained, named = shown(change.before), shown(change.after)
+            raise UserError(
+                f"--ckpt_path {start.run or start.checkpoint} holds a model trained on {trained}, but --data.dataset"
+                f" names {named}, whose class names would label its predictions: leave --data.dataset out (the"
+                f" checkpoint's is used), or give a checkpoint of {named}."
+            )
+
+
 def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> None:
     """A continued run keeps its network and dataset: another model setting than `training_settings` is refused."""
     changed = model_changes(start.changes, training_settings)

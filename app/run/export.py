@@ -86,6 +86,9 @@ def checkpoint_named(args: argparse.Namespace) -> Path:
 
 def export(args: argparse.Namespace) -> Path:
     output = Path(args.output)
+    if args.output.endswith("/") or output.is_dir():  # Path drops the slash: a file of the folder's name was written
+        file = output / ("model.pt" if args.format == "torchscript" else "model.onnx")
+        raise ExportError(f"--output {args.output} names a folder: give the file to write ({file}).")
     if output.exists():  # nothing this program writes overwrites an earlier output
         raise ExportError(f"--output {output} exists already: give another file name, or remove it first.")
     model, class_names, dataset = load(checkpoint_named(args))

@@ -1,6 +1,8 @@
 """`train.py predict`: every input's predicted class in one CSV file, written once, by global rank 0."""
 
 import csv
+import io
+import os
 from pathlib import Path
 
 import torch
@@ -50,18 +52,16 @@ class PredictionWriter(BasePredictionWriter):
         self, trainer: Trainer, pl_module: LightningModule, predictions: list[dict], batch_indices: list
     ) -> None:
         path = self.chosen_path()
-        if path is None:
-            # the run's folder on rank 0; else Lightning's `trainer.log_dir`, a broadcast from rank 0: every rank asks
-            folder = self.run.claim() if self.run is not None else trainer.log_dir or trainer.default_root_dir
-            path = Path(folder or ".") / CSV_NAME
+        if path is None and self.run is None:  # Lightning's `trainer.log_dir`, a broadcast from rank 0: every rank asks
+            path = Path(trainer.log_dir or trainer.default_root_dir or ".") / CSV_NAME
         rows = {key: torch.cat([batch[key] for batch in predictions]) for key in predictions[0]} if predictions else {}
         rows["index"] = torch.tensor([index for batch in batch_indices[0] for index in batch], dtype=torch.long)
         shares = [rows]
         if trainer.world_size > 1:  # every rank reaches this call, at the end of its predict epoch
             shares = [None] * trainer.world_size if trainer.is_global_zero else None
             torch.distributed.gather_object(rows, shares, dst=0)
-        if trainer.is_global_zero:
-            self._write(trainer, path, shares)
+        if trainer.is_global_zero:  # the run's folder is claimed here alone: another rank's claim would make another
+            self._write(trainer, path or self.run.claim() / CSV_NAME, shares)
         trainer.strategy.barrier()  # no rank ends the run before the CSV is complete
 
     def _write(self, trainer: Trainer, path: Path, shares: list[dict]) -> None:
@@ -71,18 +71,25 @@ class PredictionWriter(BasePredictionWriter):
         header = ["file" if files else "index", "prediction", "class_name", "probability"] + (
             [] if files else ["target"]
         )
+        text = io.StringIO()  # every row first: a file is written whole
+        writer = csv.writer(text, lineterminator="\n")  # lines as Unix tools read them (the csv default: \r\n)
+        writer.writerow(header)
+        for position in order:
+            index, prediction = int(rows["index"][position]), int(rows["prediction"][position])
+            row = [_shown(files[index].name) if files else index, prediction, names[prediction]]
+            row.append(f"{float(rows['probability'][position]):.6f}")
+            if not files:
+                row.append(int(rows["target"][position]))
+            writer.writerow(row)
         path.parent.mkdir(parents=True, exist_ok=True)
         with _new_file(path) as out:
-            writer = csv.writer(out, lineterminator="\n")  # lines as Unix tools read them (the csv default: \r\n)
-            writer.writerow(header)
-            for position in order:
-                index, prediction = int(rows["index"][position]), int(rows["prediction"][position])
-                row = [files[index].name if files else index, prediction, names[prediction]]
-                row.append(f"{float(rows['probability'][position]):.6f}")
-                if not files:
-                    row.append(int(rows["target"][position]))
-                writer.writerow(row)
+            out.write(text.getvalue())
         self.written = Path(out.name)
+
+
+def _shown(name: str) -> str:
+    """A file's name in UTF-8; the bytes of a name in another encoding (`caf\xe9.png`, from an old zip) escaped."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def _new_file(path: Path):
@@ -91,7 +98,7 @@ def _new_file(path: Path):
     candidate, number = path, 1
     while True:
         try:
-            return candidate.open("x", newline="")
+            return candidate.open("x", newline="", encoding="utf-8")
         except FileExistsError:
             number += 1
             candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
