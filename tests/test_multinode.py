@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TEST_SIZE, TRAIN_SIZE
-from tests.helpers import NO_NETWORK, REPO, SMALL_RUN, free_port, run_local_cluster, scalars, small_run
+from tests.helpers import NO_NETWORK, REPO, SMALL_RUN, free_port, run_local_cluster, scalars, small_run, wait_for
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -119,3 +119,34 @@ def test_predict_on_nodes_without_a_shared_folder_writes_every_row_on_node_0(che
         indices = [int(line.split(",")[0]) for line in list(rows)[1:]]
     assert indices == list(range(TEST_SIZE))  # every test image once, in order, from both nodes
     assert not list((tmp_path / "node1").glob("*predictions*")) and not list((tmp_path / "node1").glob(".*"))
+
+
+# A node of the local cluster as a shell: it says that SIGTERM reached it, and ends by it.
+NODE = """#!/usr/bin/env bash
+trap 'echo "node $NODE_RANK: TERM"; trap - TERM; kill -TERM $$' TERM
+touch "$NODES_READY/$NODE_RANK"
+sleep 60 & wait $!
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_of_the_local_cluster_reaches_every_node(tmp_path, signum):
+    """Each node is a session of its own, which a terminal's Ctrl-C does not reach: the script stops them by SIGTERM,
+    as a cluster stops its nodes, each of which then stops at one step and keeps it (tests/test_faults.py). It killed
+    them, and the run kept nothing. Here a node is a stand-in that says that SIGTERM reached it."""
+    (node := tmp_path / "python").write_text(NODE)
+    node.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(node), "MASTER_PORT": str(free_port()), "NODES_READY": str(tmp_path)}
+    script = subprocess.Popen(
+        ["scripts/local_cluster.sh", "2", "1", "--"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: {"0", "1"} <= {path.name for path in tmp_path.iterdir()}, 30, "both nodes to start", 0.05)
+        script.send_signal(signum)  # the script alone, as Ctrl-C in its terminal
+        output, _ = script.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+    assert sorted(output.split("\n")[:2]) == ["node 0: TERM", "node 1: TERM"], output
+    assert script.returncode == 128 + signum
