@@ -31,6 +31,17 @@ def test_torchrun_gives_its_processes_per_node_and_nodes(env):
     assert not shape.restartable
 
 
+def test_torchrun_nodes_of_different_sizes_are_named_in_one_line(env):
+    """`--nproc-per-node 1` on one node and 2 on the other: Lightning advised --devices and --num_nodes, which the
+    user had not given, from each process."""
+    env({**TORCHRUN, "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "3", "GROUP_WORLD_SIZE": "2"})
+    with pytest.raises(UserError) as error:
+        launcher_shape(None)
+    assert str(error.value) == (
+        "torchrun started 1 process(es) on this node but 3 on its 2 nodes: give every node the same --nproc-per-node."
+    )
+
+
 @pytest.mark.parametrize(("nnodes", "elastic"), [("1:4", "1:4"), ("2:2", None), ("3", None)])
 def test_an_elastic_torchrun_job_is_one_whose_nnodes_is_a_range(env, nnodes, elastic):
     env({**TORCHRUN, "PET_NNODES": nnodes})

@@ -28,6 +28,23 @@ def test_a_failing_rank_ends_every_node_quickly(data_dir, tmp_path):
     assert left_behind(marker=marker) == ""  # the nodes lead sessions of their own, which local_cluster.sh ends
 
 
+@pytest.mark.parametrize(
+    ("node_1", "shape_1"),
+    [("--devices 2", "2 process(es) per node, 2 node(s)"), ("--num_nodes 3", "1 process(es) per node, 3 node(s)")],
+)
+def test_nodes_started_with_another_devices_or_num_nodes_end_in_one_line(data_dir, tmp_path, node_1, shape_1):
+    """They waited for jobs of different sizes, or met in part, until the process-group timeout (30 minutes), saying
+    that a node was not started: here within the helper's timeout."""
+    result = run_local_cluster(2, 1, *common(data_dir, tmp_path), env={"NODE_ARGS_1": node_1}, timeout=90)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert lines == [
+        "error: the nodes were started with different --devices or --num_nodes: node 1 with"
+        f" {shape_1}, node 0 with 1 process(es) per node, 2 node(s). Start every node with the same ones."
+    ], result.stderr[-3000:]
+    assert not (tmp_path / "SeqNet-mnist").exists()
+
+
 def test_devices_that_do_not_match_the_launcher_stop_in_one_line(data_dir, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     result = run_command([*torchrun, "train.py", *common(data_dir, tmp_path), "--devices", "3"], timeout=120)

@@ -81,8 +81,13 @@ def launcher_shape(environment: ClusterEnvironment | None) -> LauncherShape | No
     the one Lightning detects) started, or None where train.py or Lightning's launcher start the processes."""
     env = os.environ
     if isinstance(environment, TorchElasticEnvironment) or (environment is None and TorchElasticEnvironment.detect()):
-        devices = int(env["LOCAL_WORLD_SIZE"])
-        nodes = int(env.get("GROUP_WORLD_SIZE", int(env["WORLD_SIZE"]) // devices))
+        devices, world_size = int(env["LOCAL_WORLD_SIZE"]), int(env["WORLD_SIZE"])
+        nodes = int(env.get("GROUP_WORLD_SIZE", world_size // devices))
+        if devices * nodes != world_size:  # Lightning would advise --devices and --num_nodes, which are not the cause
+            raise UserError(
+                f"torchrun started {devices} process(es) on this node but {world_size} on its {nodes} nodes: give"
+                " every node the same --nproc-per-node."
+            )
         restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
         return LauncherShape("torchrun", devices, nodes, elastic=_elastic_nnodes(), restarts=restarts)
     if isinstance(environment, SLURMEnvironment) or (environment is None and SLURMEnvironment.detect()):

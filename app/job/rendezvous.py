@@ -7,16 +7,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from datetime import timedelta
 
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
 from app.job.children import ctrl_c_ends_at_once
-from app.job.process_group import FAILED, have_met, report_store, reported, under_torchrun
+from app.job.process_group import FAILED, have_met, report_store, reported, store_client, under_torchrun
 from app.job.watch import watch
 
 FIRST_NOTICE_S = 5  # the first "has waited" line, then one every NOTICE_EVERY_S
 NOTICE_EVERY_S = 60
+SHAPE_WAIT_S = 30  # once met, how long a node's first process waits for another node's shape (`ShapeCheck`)
+SHAPE_SAID_WAIT_S = 5  # how long node 0 waits for the other node to say that their shapes differ
 
 
 class Meeting:
@@ -67,10 +70,11 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     started = time.monotonic()
     next_notice = [started + FIRST_NOTICE_S]  # moved on by the watch thread each time it speaks
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    shapes = ShapeCheck(node_rank, world_size // num_nodes, num_nodes) if local_rank == 0 and reports is None else None
 
     def look() -> None:
-        if reports is not None and _failure_said(reports):  # it said why: nothing to add, nothing to keep
-            sys.stdout.flush()
+        if (reports is not None and _failure_said(reports)) or (shapes is not None and shapes.differ()):
+            sys.stdout.flush()  # it said why: nothing to add, nothing to keep
             sys.stderr.flush()
             os._exit(1)
         if local_rank == 0 and time.monotonic() >= next_notice[0]:
@@ -92,10 +96,59 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     finally:
         stop.set()
         watcher.join()
+    if shapes is not None and num_nodes > 1 and shapes.differ(wait_s=SHAPE_WAIT_S):  # met, perhaps part of a job
+        sys.stdout.flush()  # of another size, and waiting for the rest in the first collective: said, ended
+        sys.stderr.flush()
+        os._exit(1)
     if next_notice[0] > started + FIRST_NOTICE_S:  # it said it waited: now it says that the wait is over
         print(
             f"All {world_size} processes of the job have met, after {round(time.monotonic() - started)} s.", flush=True
         )
+
+
+class ShapeCheck:
+    """Nodes started with other `--devices` or `--num_nodes` (by hand, under Lightning's launcher) wait for jobs of
+    different sizes, silent until the process-group timeout, or meet in part and wait in the first collective. The
+    first process of each node puts its shape in the job's store (opened by global rank 0's meeting) and compares it
+    with another node's (node 0's, node 1's for node 0), while it waits and once it has met; the first to see a
+    difference says it, and every node ends. (torchrun's agents give every node one shape: `launcher_shape.py`.)"""
+
+    SAID = "shape_said"
+
+    def __init__(self, node_rank: int, devices: int, num_nodes: int) -> None:
+        self.node_rank, self.shape = node_rank, f"{devices} process(es) per node, {num_nodes} node(s)"
+        self.store: dist.Store | None = None
+
+    def differ(self, wait_s: float = 0.0) -> bool:
+        """Whether the nodes were started with different shapes (then said, once for the job); False until known, or
+        when no other node's shape came within `wait_s`."""
+        other = "shape/1" if self.node_rank == 0 else "shape/0"
+        try:
+            if self.store is None:
+                self.store = store_client(timeout_s=max(1.0, wait_s))  # not open yet: the next look
+                self.store.set(f"shape/{self.node_rank}", self.shape)
+            if self.store.check([self.SAID]):
+                return True
+            if wait_s:
+                self.store.wait([other], timedelta(seconds=wait_s))
+            theirs = self.store.get(other).decode() if self.store.check([other]) else self.shape
+        except Exception:  # noqa: BLE001 (no store yet, or gone with its holder: the meeting says)
+            return False
+        if theirs == self.shape:
+            return False
+        if self.node_rank == 0:  # the store's holder: the other node says it, before the store goes with this one
+            with suppress(Exception):
+                self.store.wait([self.SAID], timedelta(seconds=SHAPE_SAID_WAIT_S))
+                return True
+        print(
+            f"error: the nodes were started with different --devices or --num_nodes: node {self.node_rank} with"
+            f" {self.shape}, node {other[-1]} with {theirs}. Start every node with the same ones.",
+            file=sys.stderr,
+            flush=True,
+        )
+        with suppress(Exception):
+            self.store.set(self.SAID, "")
+        return True
 
 
 def _failure_said(reports: dist.Store) -> bool:
