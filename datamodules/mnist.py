@@ -367,8 +367,8 @@ class MNISTDataModule(LightningDataModule):
         if len(dataset) < processes:
             raise DataError(
                 f"--data.predict_dir {self.hparams.predict_dir} holds {len(dataset)} picture(s) to predict, fewer than"
-                f" the {processes} processes that would share them: predict them in {len(dataset)} (--devices"
-                f" {len(dataset)})."
+                f" the {processes} processes that would share them: predict them on at most {len(dataset)} (--devices"
+                " times --num_nodes)."
             )
         return self._loader(dataset, self.hparams.eval_batch_size)
 

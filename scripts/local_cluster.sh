@@ -37,6 +37,18 @@ elastic=$([[ "$nnodes" == *:* ]] && echo 1 || echo 0)
 rdzv_conf=${RDZV_CONF:-last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3}
 
 pids=()
+end_all() { for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done; }
+# Ctrl-C or SIGTERM stops every node by SIGTERM, as a cluster stops its nodes: each stops at one step and keeps it.
+# (A terminal's Ctrl-C does not reach the nodes, sessions of their own, which ignore SIGINT: started with `&`.) A
+# second one ends them at once.
+stop_all() {
+  trap 'end_all; exit 130' INT TERM
+  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  exit "$1"
+}
+trap 'stop_all 130' INT
+trap 'stop_all 143' TERM
 for ((node = first; node < first + nodes; node++)); do
   if [ "$launcher" = torchrun ]; then
     host=$([ "$node" = 0 ] && echo true || echo false)
@@ -57,18 +69,6 @@ for ((node = first; node < first + nodes; node++)); do
   pids+=($!)
 done
 
-end_all() { for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done; }
-# Ctrl-C or SIGTERM stops every node by SIGTERM, as a cluster stops its nodes: each stops at one step and keeps it.
-# (A terminal's Ctrl-C does not reach the nodes, sessions of their own, which ignore SIGINT: started with `&`.) A
-# second one ends them at once.
-stop_all() {
-  trap 'end_all; exit 130' INT TERM
-  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
-  wait 2>/dev/null
-  exit "$1"
-}
-trap 'stop_all 130' INT
-trap 'stop_all 143' TERM
 
 if [ "$elastic" = 1 ]; then  # the others go on without a lost node: wait for all, node 0's status is the job's
   wait "${pids[0]}"

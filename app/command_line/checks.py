@@ -61,7 +61,7 @@ def check_counts(values: dict[str, object]) -> None:
 
 def check_callback_states(callbacks: list[Callback], options: dict[int, str]) -> None:
     """Refuse two callbacks that keep their state under one key (a ModelCheckpoint of the user's with the settings of
-    `--last_checkpoint`): Lightning refuses them at the first save, after an epoch, with a traceback. `options`
+    `--last_checkpoint`): Lightning refuses them as the Trainer is built, with a RuntimeError ("a bug"). `options`
     names this program's callbacks by their option (`--last_checkpoint`); the others are `--trainer.callbacks`'."""
     seen: dict[str, Callback] = {}
     for callback in callbacks:

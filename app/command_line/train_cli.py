@@ -555,7 +555,8 @@ class TrainCLI(LightningCLI):
         ckpt_path, changed = self._setting("ckpt_path"), self.start.changes
         if self.subcommand != "fit":  # of an evaluation, what makes its figures another's than the weights were
             # trained with: the network, another dataset, another validation split (not a folder, a batch size)
-            data = [change for change in changed if change.option in DATA_OF_THE_RUN]
+            data_options = DATA_OF_THE_RUN if self.subcommand == "validate" else {"--data.dataset"}  # the split's
+            data = [change for change in changed if change.option in data_options]
             changed = model_changes(changed, ImageClassifier.training_settings) + data
         changes = f"; changed: {', '.join(map(str, changed))}" if changed else ""
         if self.subcommand == "fit":

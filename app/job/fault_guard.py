@@ -171,7 +171,8 @@ class FaultGuard(Callback):
         """A stop recorded in training waits for its check at the epoch's end (or the next `every_n_steps`-th step),
         after the validation under way, which may take a while: said once, from global rank 0, as it starts."""
         self.batches += 1
-        if self.stop_signal and not self.stop_said and not trainer.sanity_checking:
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking  # not the test after it
+        if self.stop_signal and not self.stop_said and fitting:
             self.stop_said = True
             again = (
                 "; Ctrl-C again stops at once, keeping what was saved before"

@@ -2,12 +2,14 @@
 before any process writes a file."""
 
 import os
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
+from typing import NoReturn
 
 import torch.distributed as dist
 from lightning.pytorch import Trainer
@@ -70,13 +72,12 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     started = time.monotonic()
     next_notice = [started + FIRST_NOTICE_S]  # moved on by the watch thread each time it speaks
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    shapes = ShapeCheck(node_rank, world_size // num_nodes, num_nodes) if local_rank == 0 and reports is None else None
+    checks_shape = local_rank == 0 and reports is None and num_nodes > 1
+    shapes = ShapeCheck(node_rank, world_size // num_nodes, num_nodes) if checks_shape else None
 
     def look() -> None:
         if (reports is not None and _failure_said(reports)) or (shapes is not None and shapes.differ()):
-            sys.stdout.flush()  # it said why: nothing to add, nothing to keep
-            sys.stderr.flush()
-            os._exit(1)
+            _end_as_said()
         if local_rank == 0 and time.monotonic() >= next_notice[0]:
             next_notice[0] += NOTICE_EVERY_S
             print(
@@ -96,14 +97,19 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     finally:
         stop.set()
         watcher.join()
-    if shapes is not None and num_nodes > 1 and shapes.differ(wait_s=SHAPE_WAIT_S):  # met, perhaps part of a job
-        sys.stdout.flush()  # of another size, and waiting for the rest in the first collective: said, ended
-        sys.stderr.flush()
-        os._exit(1)
+    if shapes is not None and shapes.differ(wait_s=SHAPE_WAIT_S):  # met, perhaps part of a job
+        _end_as_said()  # of another size, the rest of which the first collective would wait for
     if next_notice[0] > started + FIRST_NOTICE_S:  # it said it waited: now it says that the wait is over
         print(
             f"All {world_size} processes of the job have met, after {round(time.monotonic() - started)} s.", flush=True
         )
+
+
+def _end_as_said() -> NoReturn:
+    """End this process, a failure of the job said already (by this process or another): nothing to add or keep."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 class ShapeCheck:
@@ -113,7 +119,7 @@ class ShapeCheck:
     with another node's (node 0's, node 1's for node 0), while it waits and once it has met; the first to see a
     difference says it, and every node ends. (torchrun's agents give every node one shape: `launcher_shape.py`.)"""
 
-    SAID = "shape_said"
+    SAID, SPEAKER = "shape_said", "shape_speaker"
 
     def __init__(self, node_rank: int, devices: int, num_nodes: int) -> None:
         self.node_rank, self.shape = node_rank, f"{devices} process(es) per node, {num_nodes} node(s)"
@@ -125,8 +131,11 @@ class ShapeCheck:
         other = "shape/1" if self.node_rank == 0 else "shape/0"
         try:
             if self.store is None:
-                self.store = store_client(timeout_s=max(1.0, wait_s))  # not open yet: the next look
-                self.store.set(f"shape/{self.node_rank}", self.shape)
+                if not _listening(wait_s):  # no store yet: a client would print torch's errors, and wait
+                    return False
+                store = store_client(timeout_s=max(1.0, wait_s))
+                store.set(f"shape/{self.node_rank}", self.shape)
+                self.store = store  # once its shape is there
             if self.store.check([self.SAID]):
                 return True
             if wait_s:
@@ -136,9 +145,12 @@ class ShapeCheck:
             return False
         if theirs == self.shape:
             return False
-        if self.node_rank == 0:  # the store's holder: the other node says it, before the store goes with this one
-            with suppress(Exception):
+        # One node speaks: not node 0, the store's holder, unless no other does (the store goes with node 0)
+        with suppress(Exception):
+            if self.node_rank == 0:
                 self.store.wait([self.SAID], timedelta(seconds=SHAPE_SAID_WAIT_S))
+                return True
+            if self.store.add(self.SPEAKER, 1) > 1:
                 return True
         print(
             f"error: the nodes were started with different --devices or --num_nodes: node {self.node_rank} with"
@@ -149,6 +161,17 @@ class ShapeCheck:
         with suppress(Exception):
             self.store.set(self.SAID, "")
         return True
+
+
+def _listening(wait_s: float) -> bool:
+    """Whether the job's store answers at MASTER_ADDR:MASTER_PORT (global rank 0 opens it as it meets): a plain
+    connection, quiet and short."""
+    try:
+        address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        with socket.create_connection(address, timeout=max(0.5, wait_s)):
+            return True
+    except (KeyError, ValueError, OSError):
+        return False
 
 
 def _failure_said(reports: dist.Store) -> bool:

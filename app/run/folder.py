@@ -140,17 +140,16 @@ class RunFolder(Callback):
 
 
 def _respell(state: dict, dirpath: str) -> None:
-    """A `ModelCheckpoint` state with its folder and files spelled from `dirpath`, where its files are there."""
+    """A `ModelCheckpoint` state with its folder and files spelled from `dirpath`, where both name the same run's
+    folder (`<Model>-<dataset>/version_N/checkpoints`, the tail that stays when a run moves). Text alone decides, the
+    same on every rank (`dirpath` is rank 0's); another folder (`--checkpoint.dirpath` changed) is left to Lightning."""
     saved = state.get("dirpath")
-    if not saved or saved == dirpath:
+    if not saved or saved == dirpath or Path(saved).parts[-3:] != Path(dirpath).parts[-3:]:
         return
 
     def here(path: str) -> str:
         return os.path.join(dirpath, os.path.basename(path)) if path and os.path.dirname(path) == saved else path
 
-    files = [state.get("best_model_path"), *state.get("best_k_models", {})]
-    if not all(os.path.exists(here(path)) for path in files if path):  # another folder: Lightning's warning stands
-        return
     for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
         if key in state:
             state[key] = here(state[key])
