@@ -41,13 +41,14 @@ def count_reads(reads: list[str]) -> None:
 
 
 def call_recorder(events: list[str]):
-    """A profile function (`sys.setprofile`) that records every call of a function of app/ in its thread."""
+    """A trace function (`sys.settrace`: called at Python calls only, not C ones, as a profile function is) that
+    records every call of a function of app/ in its thread, and traces nothing inside it."""
 
-    def profile(frame, event: str, arg) -> None:
+    def trace(frame, event: str, arg) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(APP):
             events.append(f"{CALL}{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
 
-    return profile
+    return trace
 
 
 if __name__ == "__main__":
@@ -58,7 +59,7 @@ if __name__ == "__main__":
 
     def after_each_step(*_) -> None:
         reads.append(STEP)
-        sys.setprofile(record_calls)  # the main thread's calls, from the first step on (a no-op after it)
+        sys.settrace(record_calls)  # the main thread's calls, from the first step on (a no-op after it)
 
     register_optimizer_step_post_hook(after_each_step)
     try:
