@@ -48,8 +48,7 @@ from app.run.continuation import (
     changes_between,
     find_start,
     model_changes,
-    refuse_another_class,
-    refuse_another_dataset,
+    refuse_another,
     refuse_another_model,
     refuse_weights_that_do_not_fit,
 )
@@ -233,9 +232,11 @@ class TrainCLI(LightningCLI):
                 c for i, c in enumerate(config.trainer.callbacks) if c not in config.trainer.callbacks[:i]
             ]
         self.start.changes = changes_between(self.start.settings, self._dumped(subcommand))
-        refuse_another_class(self.start)
-        if subcommand == "predict":
-            refuse_another_dataset(self.start)
+        refuse_another(self.start, "--model", "a {}")
+        if subcommand == "predict":  # as export refuses it
+            refuse_another(
+                self.start, "--data.dataset", "a model trained on {}", ", whose class names would label its predictions"
+            )
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)
 

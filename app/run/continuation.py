@@ -223,27 +223,15 @@ def _class_of(value: Any) -> Any:
     return value["class_path"] if _is_class(value) else value
 
 
-def refuse_another_class(start: Start) -> None:
-    """`--model` naming another class than the checkpoint's: one line, whichever way it started."""
+def refuse_another(start: Start, option: str, holds: str, why: str = "") -> None:
+    """`option` (`--model`, `--data.dataset`) naming another than the checkpoint's: one line, whichever way it started.
+    `holds` says what the checkpoint holds ("a {}", "a model trained on {}"); `why` what another would do."""
     for change in start.changes:
-        if change.option == "--model":
+        if change.option == option:
             saved, chosen = shown(change.before), shown(change.after)
             raise UserError(
-                f"--ckpt_path {start.run or start.checkpoint} holds a {saved}, but --model names {chosen}: leave"
-                f" --model out (the checkpoint's model is used), or give a checkpoint of {chosen}."
-            )
-
-
-def refuse_another_dataset(start: Start) -> None:
-    """`predict` with another `--data.dataset` than the checkpoint's: the other dataset's class names would label
-    the answers (a digit called a pullover), as `export` refuses too."""
-    for change in start.changes:
-        if change.option == "--data.dataset":
-            trained, named = shown(change.before), shown(change.after)
-            raise UserError(
-                f"--ckpt_path {start.run or start.checkpoint} holds a model trained on {trained}, but --data.dataset"
-                f" names {named}, whose class names would label its predictions: leave --data.dataset out (the"
-                f" checkpoint's is used), or give a checkpoint of {named}."
+                f"--ckpt_path {start.run or start.checkpoint} holds {holds.format(saved)}, but {option} names"
+                f" {chosen}{why}: leave {option} out (the checkpoint's is used), or give a checkpoint of {chosen}."
             )
 
 
