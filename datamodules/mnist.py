@@ -195,8 +195,7 @@ class MNISTDataModule(LightningDataModule):
         Files a folder off (`--data.data_dir` naming the folder that holds them, or the dataset's own folder) are
         pointed at rather than downloaded beside them; a download that fails leaves no folder it made behind. Nothing
         for a predict of a folder of pictures (`reads_the_dataset`)."""
-        predicting = self.trainer is not None and self.trainer.predicting
-        if not self.reads_the_dataset(("predict",) if predicting else ("fit",)):
+        if not self.reads_the_dataset(predicting=self.trainer is not None and self.trainer.predicting):
             return
         if _holds_the_files(self.dataset_class, self.raw_folder):
             return
@@ -215,10 +214,10 @@ class MNISTDataModule(LightningDataModule):
                 f"folder that holds {self.dataset_class.__name__}/raw/.{self._other_dataset_there()}"
             ) from err
 
-    def reads_the_dataset(self, stages: tuple[str, ...]) -> bool:
-        """Whether `stages` read the dataset's files: all but a predict of a folder of pictures (`predict_dir`),
+    def reads_the_dataset(self, predicting: bool) -> bool:
+        """Whether the command reads the dataset's files: all but a predict of a folder of pictures (`predict_dir`),
         which a machine without the dataset may run."""
-        return stages != ("predict",) or self.hparams.predict_dir is None
+        return not predicting or self.hparams.predict_dir is None
 
     def _point_at_files_nearby(self) -> None:
         """The four files in `--data.data_dir` itself, or in its `raw/`: one line that says which folder to give."""

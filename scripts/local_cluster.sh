@@ -69,7 +69,6 @@ for ((node = first; node < first + nodes; node++)); do
   pids+=($!)
 done
 
-
 if [ "$elastic" = 1 ]; then  # the others go on without a lost node: wait for all, node 0's status is the job's
   wait "${pids[0]}"
   status=$?

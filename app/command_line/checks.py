@@ -121,7 +121,7 @@ def check_data(trainer: Trainer, datamodule: LightningDataModule, stages: tuple[
     file is one message from one process; the others load the data in `setup`, after Lightning's barrier."""
     if trainer.local_rank != 0:
         return
-    if getattr(datamodule, "reads_the_dataset", lambda stages: True)(stages):
+    if getattr(datamodule, "reads_the_dataset", lambda predicting: True)(predicting=stages == ("predict",)):
         datamodule.prepare_data()
     for stage in stages:
         datamodule.setup(stage)

@@ -204,10 +204,15 @@ def _config_file_problem(message: str, argv: list[str], options: list[str]) -> s
         problem = " ".join(re.sub(r'\s*in "<unicode string>", line \d+, column \d+', "", text).split())
         place = f", line {lines[-1]}" if lines else ""
         return f"--config {refused}{place}: not valid YAML ({problem.rstrip('.')})."
-    odd = next((c for c in configs if Path(c).is_file() and not isinstance(_read(c), dict)), None)
-    if "Unexpected config:" in message and odd is not None:  # empty, or YAML that is no mapping (`hello`, a list)
-        said = " is empty" if _empty(odd) else f" holds `{textwrap.shorten(Path(odd).read_text(), 40)}`, not settings"
-        return f"--config {odd}{said}. Put settings there (`{train_py()} fit --print_config` prints them all)."
+    if "Unexpected config:" in message:  # an empty file, or YAML that is no mapping (`hello`, a list)
+        read = {config: _read(config) for config in configs if Path(config).is_file()}
+        if odd := next((config for config, settings in read.items() if not isinstance(settings, dict)), None):
+            said = (
+                " is empty"
+                if read[odd] is None
+                else f" holds `{textwrap.shorten(Path(odd).read_text(), 40)}`, not settings"
+            )
+            return f"--config {odd}{said}. Put settings there (`{train_py()} fit --print_config` prints them all)."
     unknown = re.search(r"does not accept option '([\w.]+)'", message)
     if unknown and configs and not values_given(argv, f"--{unknown.group(1)}"):  # not typed: from a config file
         name = "--" + unknown.group(1).removesuffix(".class_path").removesuffix(".init_args")
@@ -236,10 +241,6 @@ def _read(path: str) -> object:
         return yaml.safe_load(Path(path).read_text())
     except (OSError, ValueError, yaml.YAMLError):
         return None
-
-
-def _empty(path: str) -> bool:
-    return Path(path).is_file() and _read(path) is None
 
 
 def _refused_tag(tag: str, message: str, argv: list[str]) -> str:

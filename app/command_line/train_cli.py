@@ -232,10 +232,10 @@ class TrainCLI(LightningCLI):
                 c for i, c in enumerate(config.trainer.callbacks) if c not in config.trainer.callbacks[:i]
             ]
         self.start.changes = changes_between(self.start.settings, self._dumped(subcommand))
-        refuse_another(self.start, "--model", "a {}")
+        refuse_another(self.start, "--model", "a")
         if subcommand == "predict":  # as export refuses it
             refuse_another(
-                self.start, "--data.dataset", "a model trained on {}", ", whose class names would label its predictions"
+                self.start, "--data.dataset", "a model trained on", ", whose class names would label its predictions"
             )
         if self.start.run is not None and subcommand == "fit":
             refuse_another_model(self.start, ImageClassifier.training_settings)

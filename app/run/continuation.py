@@ -225,14 +225,22 @@ def _class_of(value: Any) -> Any:
 
 def refuse_another(start: Start, option: str, holds: str, why: str = "") -> None:
     """`option` (`--model`, `--data.dataset`) naming another than the checkpoint's: one line, whichever way it started.
-    `holds` says what the checkpoint holds ("a {}", "a model trained on {}"); `why` what another would do."""
+    `holds` says what the checkpoint holds ("a", "a model trained on"); `why` what another would do."""
     for change in start.changes:
         if change.option == option:
-            saved, chosen = shown(change.before), shown(change.after)
+            saved = f"{holds} {shown(change.before)}"
             raise UserError(
-                f"--ckpt_path {start.run or start.checkpoint} holds {holds.format(saved)}, but {option} names"
-                f" {chosen}{why}: leave {option} out (the checkpoint's is used), or give a checkpoint of {chosen}."
+                another_than_the_checkpoints(start.run or start.checkpoint, saved, option, shown(change.after), why)
             )
+
+
+def another_than_the_checkpoints(checkpoint: object, holds: str, option: str, chosen: str, why: str = "") -> str:
+    """The line for `option` naming `chosen` where the checkpoint holds another (`holds`: "a SeqNet"), which is used;
+    `export` says it too."""
+    return (
+        f"--ckpt_path {checkpoint} holds {holds}, but {option} names {chosen}{why}: leave {option} out (the"
+        f" checkpoint's is used), or give a checkpoint of {chosen}."
+    )
 
 
 def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> None:

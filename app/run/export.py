@@ -21,7 +21,7 @@ import torch
 
 from app.invocation import train_py
 from app.run.checkpoints import read_checkpoint, saved_model_class
-from app.run.continuation import find_start
+from app.run.continuation import another_than_the_checkpoints, find_start
 from app.run.folder import DEFAULT_ROOT, run_name
 from datamodules.mnist import DatasetName, MNISTDataModule
 from models import ImageClassifier, model_names
@@ -97,10 +97,7 @@ def export(args: argparse.Namespace) -> Path:
         ("--data.dataset", args.dataset, dataset, "a model trained on"),
     ):
         if given is not None and given.rsplit(".", 1)[-1] != saved:  # the export would be of the checkpoint's
-            raise ExportError(
-                f"--ckpt_path {args.ckpt_path} holds {what} {saved}, but {option} names {given}: leave {option} out"
-                f" (the checkpoint's is used), or give a checkpoint of {given}."
-            )
+            raise ExportError(another_than_the_checkpoints(args.ckpt_path, f"{what} {saved}", option, given))
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         if args.format == "torchscript":

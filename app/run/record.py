@@ -1,6 +1,7 @@
 """The run's record of its settings: `config.yaml` when it starts, `config-continued-K.yaml` for each continuation,
 and the same settings in TensorBoard's HPARAMS tab."""
 
+from functools import cached_property
 from typing import Any
 
 import yaml
@@ -24,6 +25,11 @@ class RunRecord(SaveConfigCallback):
         self.run = run
         self.header = header
 
+    @cached_property
+    def dumped(self) -> str:
+        """The settings as `config.yaml` holds them: dumped once for the record and the HPARAMS tab (50 ms each)."""
+        return self.parser.dump(self.config, skip_none=False)
+
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.run is None:
@@ -38,13 +44,13 @@ class RunRecord(SaveConfigCallback):
                     callback.dirpath = callback.dirpath or str(folder / CHECKPOINTS)  # rank 0's dirpath
             path = folder / next_record_name(folder, self.run.continued)
             comment = "".join(f"# {line}\n" for line in self.header.splitlines())
-            write_record(path, comment + self.parser.dump(self.config, skip_none=False))
+            write_record(path, comment + self.dumped)
             self.save_config(trainer, pl_module, stage)
         self.already_saved = True
 
     @override
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))  # plain values, as in config.yaml
+        config = yaml.safe_load(self.dumped)  # plain values, which hparams.yaml can hold (`as_dict` keeps objects)
         settings = {section: _without_unset(config[section]) for section in HPARAMS_SECTIONS if section in config}
         for logger in trainer.loggers:
             logger.log_hyperparams(settings)
