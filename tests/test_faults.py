@@ -8,13 +8,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import TRAIN_SIZE
-from tests.helpers import SMALL_RUN, max_difference, run_in_process, run_train, scalars, small_run
+from tests.helpers import SMALL_RUN, max_difference, run_command, run_in_process, run_train, scalars, small_run
 
 pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
 
@@ -42,11 +43,20 @@ def samples_of_epoch(root: Path, epoch: int, ranks: int, suffix: str = "") -> li
 
 @pytest.fixture(scope="module")
 def uninterrupted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The last checkpoint of a 2-process run of 2 epochs that nothing stopped, and its validation accuracy curve."""
+    """The last checkpoint of a 2-process run of 2 epochs that nothing stopped, its validation accuracy curve and its
+    output. Started as `nohup python train.py` and hung up on after step 13, as a closed terminal does: a run that
+    ignores SIGHUP, as `nohup` asks, trains on."""
     root = tmp_path_factory.mktemp("uninterrupted")
-    result = run_train("fit", *argv(data_dir, root))
+    hang_up = ("--trainer.callbacks+=tests.helpers.HangUpAfterStep", "--trainer.callbacks.step", "13")
+    result = run_command(["nohup", sys.executable, "train.py", "fit", *argv(data_dir, root, *hang_up)], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    return {**last_checkpoint(root), "val/acc": scalars(root / CHECKPOINTS.parent)["val/acc"]}
+    output = result.stdout + result.stderr
+    return {**last_checkpoint(root), "val/acc": scalars(root / CHECKPOINTS.parent)["val/acc"], "output": output}
+
+
+def test_a_run_under_nohup_trains_on_through_a_hang_up(uninterrupted):
+    assert "Stopped" not in uninterrupted["output"] and "Traceback" not in uninterrupted["output"]
+    assert uninterrupted["global_step"] == 20
 
 
 # 1. A stop keeps the step it was at, and the run continues from the next sample

@@ -154,11 +154,14 @@ class FaultGuard(Callback):
 
     def _catch_stop_signals(self) -> None:
         """From a stage's first loop on, Ctrl-C and SIGHUP are recorded like SIGTERM. Installed once Lightning has
-        saved the handlers it puts back when the stage ends, however it ends: those are the ones from before."""
+        saved the handlers it puts back when the stage ends, however it ends: those are the ones from before. A signal
+        the process was started ignoring stays ignored: SIGHUP under `nohup`, Ctrl-C in a job a shell started with
+        `&` (the run was meant to outlive the terminal)."""
         if self._previous_handlers or threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGHUP):
-            self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         self.saved_at = time.monotonic()
