@@ -37,15 +37,17 @@ def mnist_pixels(path: Path | str) -> np.ndarray:
 
 
 def _eight_bit(image: Image.Image) -> Image.Image:
-    """A 16-bit grayscale picture (a scan) or a float one (0 to 1, or to 255) brought to 8 bits by its range: Pillow's
-    own conversion clips every value above 255 to white, which leaves of dark strokes on paper only the darkest."""
+    """A grayscale picture of more than 8 bits (a scan, a camera's 10, 12 or 16 bits, saved as 16-bit) or a float one
+    (0 to 1, or to 255) brought to 8 bits by its range: Pillow's own conversion clips every value above 255 to white,
+    which leaves of dark strokes on paper only the darkest. The range of whole numbers is the fewest bits (of 8, 10,
+    12, 14, 16) that hold its highest value: a 12-bit picture's white is 4095, not 65535."""
     if not image.mode.startswith("I") and image.mode != "F":
         return image
     pixels = np.asarray(image, dtype=np.float64)
     if image.mode == "F":
         top = 1.0 if pixels.max() <= 1 else 255.0
     else:  # "I;16" (a 16-bit PNG), or "I" (32 bits, which Pillow opens 16-bit files as too)
-        top = 65535.0 if image.mode.startswith("I;16") or pixels.max() > 255 else 255.0
+        top = next((2.0**bits - 1 for bits in (8, 10, 12, 14) if pixels.max() < 2**bits), 65535.0)
     return Image.fromarray(np.uint8(np.clip(np.round(pixels / top * 255), 0, 255)))
 
 

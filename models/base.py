@@ -94,6 +94,16 @@ class ImageClassifier(LightningModule):
         pixel_std: float | None = None,
     ) -> None:
         super().__init__()
+        if (pixel_mean is None) != (pixel_std is None):
+            raise UserError(
+                "--model.pixel_mean and --model.pixel_std go together (the mean and standard deviation of the training"
+                " set's pixels, scaled to [0, 1]): give both, or neither (the dataset's are then used)."
+            )
+        if pixel_std is not None and not (math.isfinite(pixel_mean) and math.isfinite(pixel_std) and pixel_std > 0):
+            raise UserError(
+                f"--model.pixel_mean {pixel_mean} --model.pixel_std {pixel_std}: a mean and a standard deviation more"
+                " than 0 are needed (the inputs are divided by the deviation). Give others, or leave both out."
+            )
         self.save_hyperparameters()
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler

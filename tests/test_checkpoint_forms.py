@@ -165,3 +165,24 @@ def test_an_evaluation_says_which_settings_differ_from_those_the_weights_were_tr
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"--ckpt_path {best}: {best} (step " in result.stderr
     assert "); changed: --data.val_split_seed 0 -> 3." in result.stderr
+
+
+@pytest.mark.parametrize("stage", ["test", "fit"])
+def test_another_normalisation_than_the_weights_were_trained_with_is_refused(run, data_dir, tmp_path, stage):
+    """It was replaced by the checkpoint's in silence, while the record of the command said it was used."""
+    argv = [stage, "--data.data_dir", str(data_dir), *COMMON, "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+    with ends_in_error() as said:
+        main(
+            [
+                *argv,
+                "--model.pixel_mean",
+                "0.5",
+                "--model.pixel_std",
+                "0.5",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
+    assert not any(tmp_path.iterdir())
+    assert said.line.startswith("error: --model.pixel_mean 0.5: the weights of --ckpt_path "), said.line
+    assert said.line.endswith("which comes with them. Leave --model.pixel_mean out."), said.line

@@ -241,6 +241,24 @@ def test_a_value_rejected_after_parsing_names_the_option(data_dir, tmp_path, arg
 @pytest.mark.parametrize(
     ("args", "said"),
     [
+        (["--model.pixel_mean", "0.5"], "--model.pixel_mean and --model.pixel_std go together"),
+        (["--model.pixel_std", "0"], "--model.pixel_mean and --model.pixel_std go together"),
+        (["--model.pixel_mean", "0.1", "--model.pixel_std", "-1"], "--model.pixel_mean 0.1 --model.pixel_std -1.0: a"),
+    ],
+)
+def test_a_normalisation_the_model_cannot_use_ends_in_one_line_before_anything_is_written(
+    data_dir, tmp_path, args, said
+):
+    """The mean alone was a traceback (NormalisationUnknown); the deviation alone was replaced by the dataset's while
+    the run's records said it was used; a deviation of 0 made a loss of NaN, said as too high a learning rate."""
+    message = error_line(list(one_run(data_dir, tmp_path, *args, devices=1)))
+    assert message.startswith(f"error: {said}"), message
+    assert not tmp_path.joinpath("SeqNet-mnist").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
         (
             ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_top_k", "-1"],
             "--trainer.callbacks ModelCheckpoint has the settings of --last_checkpoint ({'monitor': None,",

@@ -127,17 +127,20 @@ def test_a_picture_of_28x28_is_taken_as_the_datasets_store_theirs(data_dir, tmp_
     assert (mnist_pixels(tmp_path / "scan.png") == original).all()
 
 
-@pytest.mark.parametrize("depth", ["16-bit", "float"])
-def test_a_picture_of_more_than_8_bits_is_read_as_its_8_bit_copy(data_dir, tmp_path, depth):
+@pytest.mark.parametrize("depth", ["16-bit", "12-bit", "float"])
+@pytest.mark.parametrize("side", [84, 28])
+def test_a_picture_of_more_than_8_bits_is_read_as_its_8_bit_copy(data_dir, tmp_path, depth, side):
     """Pillow clipped every value above 255 to white: of a 16-bit scan (dark strokes on paper) only the darkest
-    pixels were left, and a float picture (0 to 1) was blank."""
+    pixels were left, and a float picture (0 to 1) was blank. A 12-bit picture (saved as 16-bit PNG) was taken for
+    a 16-bit one: nearly black, "nothing drawn", or a wrong digit."""
     digit = read_idx_images(data_dir / "MNIST" / "raw" / "t10k-images-idx3-ubyte")[0]
-    page = np.kron(255 - digit, np.ones((3, 3), dtype=np.uint8))  # 84x84, dark on light
+    page = np.kron(255 - digit, np.ones((side // 28, side // 28), dtype=np.uint8))  # dark on light
     Image.fromarray(page).save(tmp_path / "8-bit.png")
-    if depth == "16-bit":
-        Image.fromarray(page.astype(np.uint16) * 257).save(tmp_path / "deep.png")
-    else:
+    if depth == "float":
         Image.fromarray(page.astype(np.float32) / 255).save(tmp_path / "deep.tif")
+    else:
+        white = 65535 if depth == "16-bit" else 4095
+        Image.fromarray(np.uint16(np.round(page / 255 * white))).save(tmp_path / "deep.png")
     (deep,) = tmp_path.glob("deep.*")
     assert Image.open(deep).mode != "L"
     assert (mnist_pixels(deep) == mnist_pixels(tmp_path / "8-bit.png")).all()

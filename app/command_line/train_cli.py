@@ -50,6 +50,7 @@ from app.run.continuation import (
     model_changes,
     refuse_another,
     refuse_another_model,
+    refuse_other_statistics,
     refuse_weights_that_do_not_fit,
 )
 from app.run.dashboard import Dashboard
@@ -233,6 +234,7 @@ class TrainCLI(LightningCLI):
             ]
         self.start.changes = changes_between(self.start.settings, self._dumped(subcommand))
         refuse_another(self.start, "--model", "a")
+        refuse_other_statistics(self.start)
         if subcommand == "predict":  # as export refuses it
             refuse_another(
                 self.start, "--data.dataset", "a model trained on", ", whose class names would label its predictions"

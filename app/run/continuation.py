@@ -243,6 +243,18 @@ def another_than_the_checkpoints(checkpoint: object, holds: str, option: str, ch
     )
 
 
+def refuse_other_statistics(start: Start) -> None:
+    """The normalisation the weights were trained with comes with them (`ImageClassifier.on_load_checkpoint`):
+    another one given for them is refused in one line, where it was silently replaced (and recorded as used)."""
+    for change in start.changes:
+        if change.option in ("--model.pixel_mean", "--model.pixel_std") and None not in (change.before, change.after):
+            raise UserError(
+                f"{change.option} {shown(change.after)}: the weights of --ckpt_path {start.run or start.checkpoint}"
+                f" were trained on inputs normalised with {change.option} {shown(change.before)}, which comes with"
+                f" them. Leave {change.option} out."
+            )
+
+
 def refuse_another_model(start: Start, training_settings: tuple[str, ...]) -> None:
     """A continued run keeps its network and dataset: another model setting than `training_settings` is refused."""
     changed = model_changes(start.changes, training_settings)
