@@ -83,3 +83,44 @@ def test_onnx_without_its_package_says_which_extra_to_install(checkpoint, tmp_pa
     with ends_in_error() as said:
         main(["export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "m.onnx")])
     assert said.line == "error: --format onnx needs the onnx package: pip install -e '.[export]'."
+
+
+def _write_half_then_fail(target, *_args) -> None:
+    if hasattr(target, "write"):
+        target.write(b"half a model")
+    else:
+        Path(target).write_bytes(b"half a model")
+    raise RuntimeError("cut short")
+
+
+@pytest.mark.parametrize("export_format", ["onnx", "torchscript"])
+def test_an_export_cut_short_leaves_no_file_and_runs_again(checkpoint, tmp_path, monkeypatch, capsys, export_format):
+    """It left a 0-byte or half file, which the next export refused to overwrite ("exists already")."""
+    best, _ = checkpoint
+    output = tmp_path / f"model.{export_format}"
+    if export_format == "onnx":
+        monkeypatch.setattr(torch.onnx, "export", lambda model, example, f, **kwargs: _write_half_then_fail(f))
+    else:
+        monkeypatch.setattr(torch.jit, "save", lambda module, f, *args, **kwargs: _write_half_then_fail(f))
+    with pytest.raises(SystemExit):
+        main(["export", "--ckpt_path", str(best), "--format", export_format, "--output", str(output)])
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    export(capsys, best, export_format, output)
+
+
+def test_a_checkpoint_that_does_not_name_its_dataset_is_exported_with_the_one_given(checkpoint, tmp_path):
+    """A checkpoint of a user's own Lightning code holds no data settings: its classes were FashionMNIST's, a guess."""
+    best, _ = checkpoint
+    contents = torch.load(best, weights_only=True)
+    del contents["datamodule_hyper_parameters"]
+    torch.save(contents, tmp_path / "own.ckpt")
+    argv = ["export", "--ckpt_path", str(tmp_path / "own.ckpt"), "--format", "onnx", "--output", str(tmp_path / "m")]
+    with ends_in_error() as said:
+        main(argv)
+    assert said.line.endswith(
+        "does not say which dataset its model was trained on: give it with --data.dataset (mnist or fashion_mnist)."
+    ), said.line
+    main([*argv, "--data.dataset", "mnist"])
+    metadata = onnxruntime.InferenceSession(str(tmp_path / "m")).get_modelmeta().custom_metadata_map
+    assert metadata["dataset"] == "mnist"

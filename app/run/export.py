@@ -13,6 +13,7 @@ names the classes in its metadata (`class_names`, a JSON list; `dataset`).
 """
 
 import argparse
+import io
 import json
 import warnings
 from pathlib import Path
@@ -20,10 +21,10 @@ from pathlib import Path
 import torch
 
 from app.invocation import train_py
-from app.run.checkpoints import read_checkpoint, saved_model_class
+from app.run.checkpoints import read_checkpoint, saved_model_class, write_whole
 from app.run.continuation import another_than_the_checkpoints, find_start
 from app.run.folder import DEFAULT_ROOT, run_name
-from datamodules.mnist import DatasetName, MNISTDataModule
+from datamodules.mnist import DATASETS, DatasetName, MNISTDataModule
 from models import ImageClassifier, model_names
 
 FORMATS = ("onnx", "torchscript")
@@ -63,8 +64,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
-    """The checkpoint's model (it normalises raw pixels itself), the class names and the dataset's name."""
+def load(checkpoint_path: Path, dataset_given: str | None = None) -> tuple[ImageClassifier, list[str], str]:
+    """The checkpoint's model (it normalises raw pixels itself), the class names and the dataset's name: the
+    checkpoint's, or `dataset_given` where it holds none (a checkpoint of a user's own Lightning code)."""
     checkpoint = read_checkpoint(checkpoint_path)
     model_class = saved_model_class(checkpoint)
     if model_class is None:
@@ -73,7 +75,12 @@ def load(checkpoint_path: Path) -> tuple[ImageClassifier, list[str], str]:
         )
     model = model_class.load_from_checkpoint(checkpoint_path, map_location="cpu", weights_only=True)
     model.hparams.channels_last = False  # a memory layout for training kernels; nothing an exported graph keeps
-    dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "fashion_mnist")
+    dataset = (checkpoint.get("datamodule_hyper_parameters") or {}).get("dataset", dataset_given)
+    if dataset is None:  # its class names would be a guess
+        raise ExportError(
+            f"--ckpt_path {checkpoint_path} does not say which dataset its model was trained on: give it with"
+            f" --data.dataset ({' or '.join(DATASETS)})."
+        )
     return model.eval(), MNISTDataModule(dataset=dataset).class_names, dataset
 
 
@@ -89,9 +96,9 @@ def export(args: argparse.Namespace) -> Path:
     if args.output.endswith("/") or output.is_dir():  # Path drops the slash: a file of the folder's name was written
         file = output / ("model.pt" if args.format == "torchscript" else "model.onnx")
         raise ExportError(f"--output {args.output} names a folder: give the file to write ({file}).")
-    if output.exists():  # nothing this program writes overwrites an earlier output
+    if output.exists() or output.is_symlink():  # nothing this program writes overwrites an earlier output
         raise ExportError(f"--output {output} exists already: give another file name, or remove it first.")
-    model, class_names, dataset = load(checkpoint_named(args))
+    model, class_names, dataset = load(checkpoint_named(args), args.dataset)
     for option, given, saved, what in (
         ("--model", args.model, type(model).__name__, "a"),
         ("--data.dataset", args.dataset, dataset, "a model trained on"),
@@ -103,7 +110,8 @@ def export(args: argparse.Namespace) -> Path:
         if args.format == "torchscript":
             with warnings.catch_warnings():  # torch 2.9+ and Lightning 2.7+ deprecate TorchScript; it was asked for
                 warnings.filterwarnings("ignore", message=r".*(`torch\.jit|to_torchscript)")
-                model.to_torchscript(output, method="trace", example_inputs=EXAMPLE)
+                traced = model.to_torchscript(method="trace", example_inputs=EXAMPLE)
+                write_whole(output, lambda file: torch.jit.save(traced, file))  # a stop leaves no half file behind
         else:
             write_onnx(model, output, class_names, dataset)
     except OSError as error:
@@ -119,9 +127,9 @@ def write_onnx(model: ImageClassifier, output: Path, class_names: list[str], dat
     except ImportError as error:
         raise ExportError("--format onnx needs the onnx package: pip install -e '.[export]'.") from error
     axes = {"images": {0: "batch"}, "logits": {0: "batch"}}
-    with open(output, "wb") as file:  # an unwritable path fails here, before the export's work
-        model.to_onnx(file, EXAMPLE, input_names=["images"], output_names=["logits"], dynamic_axes=axes, dynamo=False)
-    graph = onnx.load(str(output))
+    exported = io.BytesIO()
+    model.to_onnx(exported, EXAMPLE, input_names=["images"], output_names=["logits"], dynamic_axes=axes, dynamo=False)
+    graph = onnx.load_from_string(exported.getvalue())
     for key, value in {"class_names": json.dumps(class_names), "dataset": dataset}.items():
         graph.metadata_props.add(key=key, value=value)
-    onnx.save(graph, str(output))
+    write_whole(output, lambda file: file.write(graph.SerializeToString()))  # a stop leaves no half file behind
