@@ -354,10 +354,11 @@ class MNISTDataModule(LightningDataModule):
         return self._loader(self.train_set, self.hparams.batch_size, sampler=sampler, loader_class=StatefulDataLoader)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.hparams.eval_batch_size, sampler=self._evaluation_sampler(self.val_set))
+        sampler = self._evaluation_sampler(self.val_set, f"--data.val_size {self.hparams.val_size}: the validation set")
+        return self._loader(self.val_set, self.hparams.eval_batch_size, sampler=sampler)
 
     def test_dataloader(self) -> DataLoader:
-        sampler = self._evaluation_sampler(self.test_set)
+        sampler = self._evaluation_sampler(self.test_set, "the test set")
         return self._loader(self.test_set, self.hparams.eval_batch_size, sampler=sampler)
 
     def predict_dataloader(self) -> DataLoader:
@@ -371,17 +372,24 @@ class MNISTDataModule(LightningDataModule):
             )
         return self._loader(dataset, self.hparams.eval_batch_size)
 
-    def _evaluation_sampler(self, dataset: BatchedTensorDataset) -> UnrepeatedDistributedSampler | None:
+    def _evaluation_sampler(self, dataset: BatchedTensorDataset, named: str) -> UnrepeatedDistributedSampler | None:
         """Under DDP, give each rank every world_size-th sample, each sample to exactly one rank.
 
         Lightning's default, a DistributedSampler, pads the set with repeated samples until its size divides by the
         number of ranks, so 10,000 test images on 3 ranks would count 2 of them twice. Here ranks may get one sample
         (and so one batch) more than others; the torchmetrics states add up per sample, so the figures are exact
-        and the same for any number of ranks.
+        and the same for any number of ranks. A set smaller than the ranks (`named`, as the user set it) is one line
+        (Lightning's sampler fails an assertion, "a bug").
         """
         trainer = self.trainer
         if trainer is None or trainer.world_size == 1:
             return None
+        if len(dataset) < trainer.world_size:
+            raise DataError(
+                f"{named} holds {len(dataset)} image(s), fewer than the {trainer.world_size} processes that share it:"
+                f" give it {trainer.world_size} or more, or evaluate on at most {len(dataset)} (--devices times"
+                " --num_nodes)."
+            )
         return UnrepeatedDistributedSampler(
             dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
         )

@@ -128,6 +128,14 @@ def test_a_validation_set_as_large_as_the_training_file_is_refused(data_dir):
         fitted(data_dir, val_size=TRAIN_SIZE)
 
 
+def test_an_evaluation_set_smaller_than_the_processes_is_refused_in_one_line(data_dir):
+    """Lightning's sampler failed an assertion ("a bug") on the rank left without an image."""
+    datamodule = fitted(data_dir, val_size=2)
+    datamodule.trainer = Trainer(accelerator="cpu", devices=3, strategy="ddp", logger=False)  # not launched
+    with pytest.raises(DataError, match=r"^--data.val_size 2: the validation set holds 2 image\(s\), fewer than the 3"):
+        datamodule.val_dataloader()
+
+
 # The checkpoint of a run of 1 process with batches of 64 (the global batch), stopped at an epoch's end or inside one.
 AT_THE_END = {"global_batch_size": 64, "world_size": 1, "batch_size": 64, "inside_an_epoch": False}
 INSIDE = {**AT_THE_END, "inside_an_epoch": True}
