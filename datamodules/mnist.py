@@ -164,6 +164,10 @@ class MNISTDataModule(LightningDataModule):
                 f"--data.on_device true needs --data.num_workers 0 (not {num_workers}): DataLoader worker processes"
                 " cannot hand out batches that live on a GPU, and with the data there they have nothing left to do."
             )
+        if not -(2**63) <= val_split_seed < 2**64:  # what torch's generator takes
+            raise DataError(
+                f"--data.val_split_seed {val_split_seed}: must be from -2**63 to 2**64 - 1. Give another value."
+            )
         self.save_hyperparameters()
         if num_workers > 0:  # once a datamodule, at the process's exit
             multiprocessing.util.Finalize(None, end_workers_left_at_exit, exitpriority=0)

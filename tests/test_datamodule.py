@@ -123,6 +123,14 @@ def test_a_label_out_of_range_is_named_by_its_value(data_dir, wrong):
         MNISTDataModule(data_dir=str(data_dir))._check_contents("train", torch.zeros(4, 28, 28), targets)
 
 
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_a_split_seed_torch_cannot_take_is_refused(data_dir, seed):
+    """It was torch's "Overflow when unpacking long long", with a traceback."""
+    with pytest.raises(DataError, match=f"^--data.val_split_seed {seed}: must be from"):
+        fitted(data_dir, val_split_seed=seed)
+    fitted(data_dir, val_split_seed=2**64 - 1)
+
+
 def test_a_validation_set_as_large_as_the_training_file_is_refused(data_dir):
     with pytest.raises(DataError, match="val_size"):
         fitted(data_dir, val_size=TRAIN_SIZE)
