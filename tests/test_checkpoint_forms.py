@@ -186,3 +186,13 @@ def test_another_normalisation_than_the_weights_were_trained_with_is_refused(run
     assert not any(tmp_path.iterdir())
     assert said.line.startswith("error: --model.pixel_mean 0.5: the weights of --ckpt_path "), said.line
     assert said.line.endswith("which comes with them. Leave --model.pixel_mean out."), said.line
+
+
+@pytest.mark.parametrize(("stage", "option"), [("test", "test"), ("validate", "val"), ("predict", "predict")])
+def test_an_evaluation_of_no_batch_is_refused_before_anything_is_written(run, data_dir, tmp_path, stage, option):
+    """It printed no figure (or `Predictions: None`) and left an empty folder."""
+    argv = [stage, "--data.data_dir", str(data_dir), *COMMON, "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+    with ends_in_error() as said:
+        main([*argv, f"--trainer.limit_{option}_batches", "0", "--trainer.default_root_dir", str(tmp_path)])
+    assert said.line.startswith(f"error: --trainer.limit_{option}_batches 0: {stage} would run no batch."), said.line
+    assert not any(tmp_path.iterdir())

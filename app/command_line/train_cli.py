@@ -471,6 +471,7 @@ class TrainCLI(LightningCLI):
         """Find what is wrong before the other processes start and before anything is written (`checks.py`)."""
         check_launcher(self.trainer)
         self._refuse_untrained_weights()
+        self._refuse_evaluating_nothing()
         if "fit" in stages:
             self.model.check_fit(self.trainer)
         continuing = self._continuing()
@@ -509,6 +510,19 @@ class TrainCLI(LightningCLI):
                 named or "--ckpt_path with a checkpoint file, or train first."
             )
         raise UserError(f"{needs} {how}")
+
+    def _refuse_evaluating_nothing(self) -> None:
+        """An evaluation of no batch (`--trainer.limit_test_batches 0`) is refused: it printed no figure, or
+        `Predictions: None`, and left an empty folder."""
+        if self.subcommand == "fit":
+            return
+        stage = {"validate": "val"}.get(self.subcommand, self.subcommand)
+        name = f"limit_{stage}_batches"
+        if getattr(self.trainer, name) == 0:
+            raise UserError(
+                f"--trainer.{name} 0: {self.subcommand} would run no batch. Leave --trainer.{name} out (every batch),"
+                " or give a number of batches or a fraction above 0."
+            )
 
     def _continuing(self) -> bool:
         """Whether this command continues a run in its folder (`fit --ckpt_path last`, or a run's folder)."""
