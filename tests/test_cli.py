@@ -220,10 +220,13 @@ def test_a_run_of_one_process_says_what_concerns_its_user(data_dir, tmp_path):
     assert re.search(r"0 \| net +\| Sequential", output), output[-3000:]  # the network is the summary's first row
 
 
-def test_runs_without_a_logger(data_dir, tmp_path):
+def test_runs_without_a_logger_and_says_the_batch_it_takes(data_dir, tmp_path):
+    """A batch larger than the training set is the training set: the start said "Global batch 5000"."""
     argv = ("--trainer.logger", "false", "--data.data_dir", str(data_dir), "--data.val_size", "200")
+    argv += ("--data.batch_size", "5000")  # of the 1000 training images
     result = run_in_process(*argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "Global batch 1000 = 1000 per device x 1 processes x 1 accumulated;" in result.stdout + result.stderr
     assert "test/acc" in result.stdout
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
     if not torch.cuda.is_available():  # the default, devices="auto", is one process on a CPU; the start says so

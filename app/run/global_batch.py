@@ -20,7 +20,8 @@ class GlobalBatchInfo(Callback):
         if not getattr(self, "first_batch", False):
             return
         self.first_batch = False
-        per_device = trainer.datamodule.hparams.batch_size
+        datamodule = trainer.datamodule  # a batch holds at most a rank's share of the training set
+        per_device = min(datamodule.hparams.batch_size, math.ceil(len(datamodule.train_set) / trainer.world_size))
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         group = trainer.optimizers[0].param_groups[0]
