@@ -34,7 +34,7 @@ KINDS = {
     "<class 'bool'>": "true or false",
     "<class 'str'>": "a string",
     "<class 'dict'>": "a mapping",
-    "<class 'tuple'>": "a list such as [0.9, 0.999]",
+    "<class 'tuple'>": "a list in brackets",  # of numbers of any kind: no example fits all
     "<class 'list'>": "a list such as [1, 2]",
     "<class 'NoneType'>": "null",
     "PositiveInt": "a positive integer",
