@@ -532,6 +532,14 @@ class SignalInEvaluation(Callback):
         self._stop(trainer)
 
 
+class CtrlCInSanityCheck(Callback):
+    """Test instrument: global rank 0 gets Ctrl-C at the start of the sanity check's first batch."""
+
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        if trainer.global_rank == 0 and trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 class SigtermWhileOthersWait(Callback):
     """Test instrument: at the end of the first validation, rank 0 waits until every other rank has said (a file)
     that it goes on to the next collective (the sync of the epoch's metrics), then sends itself SIGTERM: the signal

@@ -571,6 +571,16 @@ def test_ctrl_c_in_one_process_without_a_process_group_stops_where_it_is_checked
     assert saved_step(tmp_path) == 20
 
 
+def test_ctrl_c_in_the_sanity_check_stops_at_once_and_keeps_no_run(data_dir, tmp_path):
+    """It was recorded as a stop of the training, which went on to the first check (50 steps) and kept a run."""
+    sanity = ("--trainer.callbacks+=tests.helpers.CtrlCInSanityCheck", "--trainer.num_sanity_val_steps", "2")
+    result = run_train(*one_run(data_dir, tmp_path, *sanity, devices=1), timeout=120)
+    assert result.returncode == -signal.SIGINT, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Stopped before the first training step, with nothing to keep." in output and "after step" not in output
+    assert not (tmp_path / "SeqNet-mnist").exists()  # the run, and the folder made to hold it, taken back
+
+
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
     argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", max_epochs=50)

@@ -144,6 +144,16 @@ def test_sigterm_while_the_other_rank_waits_in_a_collective_stops_both_at_the_ep
     assert sorted(path.name for path in (tmp_path / CHECKPOINTS).iterdir()) == ["epoch=0-step=10.ckpt", "last.ckpt"]
 
 
+def test_a_stop_due_at_an_epochs_last_step_waits_for_its_validation(data_dir, tmp_path):
+    """The check after the epoch's last step stopped the run before the epoch's validation: its checkpoint counted
+    the epoch as done, and the continued run never validated it (nor saved its best checkpoint)."""
+    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "13")
+    result = run_train("fit", *argv(data_dir, tmp_path, *sigterm, "--fault_guard.every_n_steps", "10", devices=1))
+    assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]  # 20 steps an epoch on one process
+    assert "Stopped by SIGTERM in epoch 0, at its end;" in result.stdout + result.stderr
+    assert sorted(path.name for path in (tmp_path / CHECKPOINTS).iterdir()) == ["epoch=0-step=20.ckpt", "last.ckpt"]
+
+
 def test_a_stopped_run_continues_on_another_number_of_processes_with_the_same_global_batch(
     data_dir, tmp_path, stopped, uninterrupted
 ):

@@ -300,6 +300,10 @@ class TrainCLI(LightningCLI):
             if subcommand != "fit" and isinstance(error, STOPS):
                 stage = {"validate": "validation", "predict": "prediction"}.get(subcommand, subcommand)
                 say(f"Stopped: the {stage} was cut short and keeps nothing. Run the same command to {subcommand}.")
+            elif isinstance(error, STOPS) and self.run is not None and not self.run.started:  # the sanity check
+                say(
+                    "Stopped before the first training step, with nothing to keep. Run the same command to start again."
+                )
             raise
 
     @contextmanager

@@ -129,7 +129,7 @@ class FaultGuard(Callback):
         launcher = self._trainer.strategy.launcher  # only in the process that started the others
         if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None and self.stop_signal is None:
             launcher.kill(signum)
-        if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
+        if self._trainer.state.fn != TrainerFn.FITTING or self._trainer.sanity_checking:  # nothing to keep: stop now
             raise StoppedBySignal(signum)
         self.stop_signal = self.stop_signal or signum
 
@@ -192,12 +192,15 @@ class FaultGuard(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Check after every `every_n_steps`-th optimizer step: with `--trainer.accumulate_grad_batches N` a stop
-        inside the N batches of one step would lose the gradients accumulated so far (a checkpoint holds none)."""
+        inside the N batches of one step would lose the gradients accumulated so far (a checkpoint holds none). Not
+        after an epoch's last batch: the epoch's end checks, after its validation (a checkpoint of its last step
+        counts the epoch as done, and the continued run never validated it)."""
         self.batches += 1
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         step, stepped = trainer.global_step, trainer.global_step != self.step_seen  # the same on every rank
         self.step_seen = step
-        if stepped and step % self.every_n_steps == 0:
+        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # as many batches on every rank
+        if stepped and step % self.every_n_steps == 0 and not last_of_epoch:
             self._check(trainer, at_epoch_end=False)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
