@@ -355,6 +355,9 @@ class MNISTDataModule(LightningDataModule):
             rank=trainer.global_rank if trainer else 0,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),  # the seed Lightning gives the samplers it injects
         )
+        if trainer is not None:  # the epoch about to start (a run continued from an epoch's end: not 0), which
+            # Lightning sets after it made the loader's iterator: with workers, the first batches were drawn before
+            sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
         return self._loader(self.train_set, self.hparams.batch_size, sampler=sampler, loader_class=StatefulDataLoader)
 
     def val_dataloader(self) -> DataLoader:

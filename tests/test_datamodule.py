@@ -136,6 +136,15 @@ def test_a_validation_set_as_large_as_the_training_file_is_refused(data_dir):
         fitted(data_dir, val_size=TRAIN_SIZE)
 
 
+def test_the_training_loader_draws_from_the_epoch_the_fit_is_at(data_dir):
+    """Lightning sets the epoch after making the loader's iterator: a loader with workers, continued from an epoch's
+    end, drew its first batches in epoch 0's order (a run of `--trainer.limit_train_batches`: the rest of it)."""
+    datamodule = fitted(data_dir)
+    datamodule.trainer = Trainer(accelerator="cpu", devices=1, logger=False)
+    datamodule.trainer.fit_loop.epoch_progress.current.processed = 3  # as restored from the checkpoint of epoch 2
+    assert datamodule.train_dataloader().sampler.epoch == 3
+
+
 def test_an_evaluation_set_smaller_than_the_processes_is_refused_in_one_line(data_dir):
     """Lightning's sampler failed an assertion ("a bug") on the rank left without an image."""
     datamodule = fitted(data_dir, val_size=2)
