@@ -5,11 +5,14 @@ fails after the work is done fails the job."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from app.job import rendezvous
 from tests.helpers import REPO, TrainJob, free_port, left_behind, run_train, wait_for
 from tests.test_faults import argv
 
@@ -46,6 +49,33 @@ def test_a_node_waiting_for_the_others_says_so_and_goes_on_when_they_come(data_d
     assert late.returncode == 0 and nodes[0].returncode == 0, first_output[-3000:] + late.stderr[-3000:]
     assert "All 2 processes of the job have met" in first_output, first_output[-3000:]
     assert "Finished: test/acc" in first_output, first_output[-3000:]
+
+
+def test_a_node_whose_port_another_program_holds_says_that_it_waits(monkeypatch, capsys):
+    """In-process: a client of the job's store waits without end at a port another program holds (it never answers),
+    and the shape check, in the watch that also says the wait, made the node wait in silence."""
+    said: list[str] = []
+
+    def notice_said() -> bool:
+        said.append(capsys.readouterr().out)
+        return "Node 1 has waited" in "".join(said)
+
+    class Stopped(Exception):
+        """The wait ends here: no process group in this test."""
+
+    watches_before = set(threading.enumerate())
+    with socket.create_server(("127.0.0.1", 0)) as another_program:  # accepts, never answers
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(another_program.getsockname()[1]))
+        monkeypatch.setattr(rendezvous, "FIRST_NOTICE_S", 0)
+        monkeypatch.setattr(rendezvous, "SHAPE_SAID_WAIT_S", 0.1)
+        with pytest.raises(Stopped), rendezvous.announce_rendezvous(2, 2, node_rank=1, local_rank=0):
+            wait_for(notice_said, timeout=20, what="the notice of the wait")
+            raise Stopped
+    assert "another program holding that port" in "".join(said)
+    for watch in set(threading.enumerate()) - watches_before:  # its client fails once that program has closed
+        watch.join(timeout=30)
+        assert not watch.is_alive()
 
 
 @pytest.mark.parametrize(

@@ -75,8 +75,12 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     checks_shape = local_rank == 0 and reports is None and num_nodes > 1
     shapes = ShapeCheck(node_rank, world_size // num_nodes, num_nodes) if checks_shape else None
 
+    def look_at_the_shapes() -> None:  # a watch of its own: at a port another program holds, a client waits forever
+        if shapes.differ():
+            _end_as_said()
+
     def look() -> None:
-        if (reports is not None and _failure_said(reports)) or (shapes is not None and shapes.differ()):
+        if reports is not None and _failure_said(reports):
             _end_as_said()
         if local_rank == 0 and time.monotonic() >= next_notice[0]:
             next_notice[0] += NOTICE_EVERY_S
@@ -84,19 +88,22 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
                 f"Node {node_rank} has waited {round(time.monotonic() - started)} s at {address} for the {world_size}"
                 f" processes of the job ({num_nodes} node(s) x {world_size // num_nodes}). Usual causes: a node not"
                 " started yet, or started with another MASTER_ADDR or MASTER_PORT, or whose process failed (its"
-                " output says why); a firewall closing that port; another network interface (GLOO_SOCKET_IFNAME,"
+                " output says why); another program holding that port; a firewall closing it; another network"
+                " interface (GLOO_SOCKET_IFNAME,"
                 " NCCL_SOCKET_IFNAME). Waiting up to the process-group timeout (--trainer.strategy.timeout, 30"
                 " minutes by default).",
                 flush=True,
             )
 
     stop = threading.Event()
-    watcher = watch(look, stop)
+    watcher, shape_watcher = watch(look, stop), watch(look_at_the_shapes, stop) if shapes is not None else None
     try:
         yield
     finally:
         stop.set()
         watcher.join()
+        if shape_watcher is not None:
+            shape_watcher.join(timeout=SHAPE_SAID_WAIT_S)  # not without end: it may wait on another program
     if shapes is not None and shapes.differ(wait_s=SHAPE_WAIT_S):  # met, perhaps part of a job
         _end_as_said()  # of another size, the rest of which the first collective would wait for
     if next_notice[0] > started + FIRST_NOTICE_S:  # it said it waited: now it says that the wait is over
