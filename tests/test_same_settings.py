@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from app.command_line.same_settings import compared_settings, disagreement
-from tests.helpers import run_local_cluster, small_run
+from app.command_line.same_settings import compared_settings, disagreement, program_digest
+from tests.helpers import REPO, run_local_cluster, small_run
 
 SEQNET = {"class_path": "models.SeqNet", "init_args": {"optimizer": {"class_path": "torch.optim.Adam"}}}
 
@@ -30,6 +30,22 @@ def test_each_option_that_differs_is_named_with_its_value_on_each_node():
         "the nodes were started with different settings: --model.optimizer.lr is 0.01 on nodes 0, 2 and 0.5 on"
         " node 1; --trainer.max_epochs is 10 on nodes 0, 1 and 2 on node 2. Start every node with the same command"
         " line."
+    )
+
+
+def test_nodes_that_run_other_versions_of_the_program_are_named(tmp_path):
+    """Another version of a model (another layer's size) failed in DDP's C++ check, "a bug"; another sampler's
+    would have trained in silence."""
+    for path in [REPO / "train.py", *(REPO / "models").glob("*.py")]:
+        (tmp_path / path.relative_to(REPO)).parent.mkdir(exist_ok=True)
+        shutil.copy(path, tmp_path / path.relative_to(REPO))
+    before = program_digest(tmp_path)
+    seqnet = tmp_path / "models" / "seqnet.py"
+    seqnet.write_text(seqnet.read_text().replace("200", "100"))
+    line = disagreement({0: {**settings(), "program": before}, 1: {**settings(), "program": program_digest(tmp_path)}})
+    assert line.startswith(
+        f"the nodes were started with different settings: the program's code (a digest of train.py, app/, models/ and"
+        f" datamodules/) is {before} on node 0 and {program_digest(tmp_path)} on node 1."
     )
 
 

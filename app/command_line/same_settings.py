@@ -3,6 +3,7 @@ disagree would drift apart in silence, hang, or fail in DDP's C++."""
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -23,8 +24,13 @@ PER_NODE = {
     "timed_checkpoint": ("dirpath",),
     "predictions": ("path",),
 }
-COMMAND, STARTS_FROM = "subcommand", "starts_from"  # keys of the settings beside the options
-SAID_AS = {f"--{COMMAND}": "the subcommand", f"--{STARTS_FROM}": "the checkpoint of --ckpt_path"}
+COMMAND, STARTS_FROM, PROGRAM = "subcommand", "starts_from", "program"  # keys of the settings beside the options
+SAID_AS = {
+    f"--{COMMAND}": "the subcommand",
+    f"--{STARTS_FROM}": "the checkpoint of --ckpt_path",
+    f"--{PROGRAM}": "the program's code (a digest of train.py, app/, models/ and datamodules/)",
+}
+ROOT = Path(__file__).resolve().parents[2]  # the repository (or where the package is installed)
 
 
 def same_settings_everywhere(settings: dict[str, Any], node_rank: int) -> None:
@@ -77,6 +83,19 @@ def disagreement(settings_of: dict[int, dict[str, Any]], who: str = "node") -> s
         f"the nodes were started with different settings: {'; '.join(said)}. Start every node with the same"
         " command line."
     )
+
+
+def program_digest(root: Path = ROOT) -> str:
+    """A digest of the program's own code: nodes that run other versions of it (another model's layers, another
+    sampler) drift apart in silence, or fail in DDP's C++ with "a bug"."""
+    files = [
+        root / "train.py",
+        *(path for folder in ("app", "models", "datamodules") for path in (root / folder).rglob("*.py")),
+    ]
+    digest = hashlib.sha256()
+    for path in sorted(file for file in files if file.is_file()):
+        digest.update(f"{path.relative_to(root)}\n".encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _them(who: str, numbers: list[int]) -> str:

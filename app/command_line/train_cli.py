@@ -35,7 +35,7 @@ from app.command_line.checks import (
 from app.command_line.errors import OWN_ERRORS, VALUE_ERRORS, UserError, blame_option, one_line, options_set
 from app.command_line.parser_messages import config_not_text, shorten
 from app.command_line.quiet import silence_a_continuation
-from app.command_line.same_settings import COMMAND, STARTS_FROM, same_settings_everywhere
+from app.command_line.same_settings import COMMAND, PROGRAM, STARTS_FROM, program_digest, same_settings_everywhere
 from app.command_line.trainer import Trainer
 from app.invocation import tool, train_py
 from app.job.fault_guard import FaultGuard, last_checkpoint_path
@@ -406,6 +406,7 @@ class TrainCLI(LightningCLI):
         """What the nodes of a job must agree on: the settings, the subcommand, and the checkpoint's step."""
         settings = self._dumped(self.subcommand)
         settings[COMMAND] = "fit then test (none named)" if self.test_after_fit else self.subcommand
+        settings[PROGRAM] = program_digest()
         if self.start is not None:
             settings[STARTS_FROM] = f"step {self.start.contents.get('global_step', 0)}"
         elif self._setting("ckpt_path") in (None, "last"):  # `fit --ckpt_path last` with nothing to continue
