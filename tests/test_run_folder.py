@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from app.errors import UserError
+from app.invocation import train_py
 from app.run.continuation import changes_between
 from app.run.folder import RunFolder, read_record, write_record
 from tests.helpers import REPO, Run, TrainJob, run_in_process, run_train, small_run
@@ -190,6 +191,24 @@ def test_a_run_named_by_another_spelling_of_its_folder_keeps_its_best_checkpoint
     (best,) = re.findall(r"^Best checkpoint: (.+)$", result.stdout + result.stderr, re.MULTILINE)
     assert Path(best).resolve() == run / "checkpoints" / "epoch=0-step=20.ckpt"
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["epoch=0-step=20.ckpt", "last.ckpt"]
+
+
+def test_a_continued_run_whose_best_checkpoint_was_removed_keeps_its_training_and_says_so(
+    data_dir, tmp_path, adadelta_run
+):
+    """Checkpoints are removed to free a disk: the test after the fit failed to load the best one, a bug's
+    FileNotFoundError, after all the training."""
+    run = copy_of(adadelta_run, tmp_path)
+    (run / "checkpoints" / "epoch=0-step=20.ckpt").unlink()
+    args = ("--ckpt_path", str(run), "--trainer.max_epochs", "2", "--model.optimizer.lr", "0")  # no better epoch
+    result = run_in_process(*one_process(data_dir, None, *args))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: the run's best checkpoint, {run / 'checkpoints' / 'epoch=0-step=20.ckpt'}, was removed after it was"
+        " saved: there is no test after this fit. The training is kept; test its last checkpoint with:"
+        f" {train_py()} test --ckpt_path {run}"
+    )
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
 def test_a_run_extended_by_epochs_plans_its_one_cycle_schedule_again_and_a_second_continuation_keeps_it(

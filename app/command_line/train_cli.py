@@ -627,6 +627,12 @@ class TrainCLI(LightningCLI):
                 " --trainer.limit_train_batches 0), and the figures of untrained weights would mean nothing."
             )
         elif self.test_after_fit:
+            if best and not self.trainer.strategy.broadcast(Path(best).is_file()):  # global rank 0's disk decides
+                run = self.run.path if self.run is not None and self.run.path else last_checkpoint_path(self.trainer)
+                raise UserError(
+                    f"the run's best checkpoint, {best}, was removed after it was saved: there is no test after this"
+                    f" fit. The training is kept; test its last checkpoint with: {train_py()} test --ckpt_path {run}"
+                )
             try:
                 self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             except STOPS:
