@@ -50,7 +50,8 @@ OWN_ERRORS = (UserError, DataError, ArgumentError)
 # What gloo and NCCL raise in a rank whose peer has gone: the peer's own message says why it went.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited")
 PEER_LOST_MESSAGE = (
-    "another process of the job stopped or failed, and this one lost its connection to it (see its message)."
+    "another process of the job stopped or failed, and this one lost its connection to it (its output says why;"
+    " one killed, by SIGKILL or for want of memory, says nothing)."
 )
 # What torch's DataLoader raises when the system killed one of its workers: most often for want of memory.
 WORKER_KILLED = re.compile(r"DataLoader worker \(pid.*?\) (is killed by signal|exited unexpectedly)")

@@ -393,7 +393,7 @@ class TrainCLI(LightningCLI):
             if where is not None and (where.parent.parent / RECORD).is_file():
                 where = where.parent.parent  # else (a logger of the user's, say): a new run from its weights
         if self.shape is not None:
-            return f"the same {self.shape.launcher} command, with --ckpt_path {where}"
+            return f"the same {self.shape.launcher.removeprefix('the ')} command, with --ckpt_path {where}"
         trainer, shape = self.trainer, ""
         if trainer.num_nodes > 1:
             shape = f" --devices {trainer.num_devices} --num_nodes {trainer.num_nodes}"
