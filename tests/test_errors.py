@@ -592,6 +592,11 @@ def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
     # The first press alone stops at the epoch's end, saying so: the second must not wait for it.
     assert "Stopped by SIGINT" not in output and "Finished" not in output
     assert not (tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").exists()  # no save at step 3
+    # It said nothing: what is kept is said all the same
+    assert (
+        "Stopped at once by a second Ctrl-C; no checkpoint had been written, so there is nothing to continue from"
+        in (output)
+    )
 
 
 # 7. Durable checkpoints

@@ -77,6 +77,7 @@ class FaultGuard(Callback):
         self.saved_at = 0.0  # when this process last saw a checkpoint saved, or training start
         self.stop_signal: int | None = None
         self.stop_said = False  # that the stop waits for the validation under way
+        self.stopped_at_once = False  # by a second Ctrl-C
         self.requeue = False
         self.last_loss: torch.Tensor | None = None
         self.heartbeats: Heartbeats | None = None
@@ -121,6 +122,7 @@ class FaultGuard(Callback):
     # when the signal came fails with "reentrant call").
     def _record_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
+            self.stopped_at_once = True  # said in `on_exception`, outside the handler
             raise StoppedBySignal(signum)  # the second Ctrl-C: stop now, wherever this rank is
         if signum == signal.SIGHUP and sys.stdout.isatty():  # the terminal is gone: writing to it would fail (EIO)
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -248,6 +250,8 @@ class FaultGuard(Callback):
         the processes its launcher started and exit with status 1."""
         self._put_back(trainer)
         self.stop_heartbeats()
+        if self.stopped_at_once:
+            say(f"Stopped at once by a second Ctrl-C; {self._what_is_kept('holds the last saved step')}")
         if isinstance(exception, KeyboardInterrupt):
             _write_out_loggers(trainer)  # what Lightning does next, skipped by the raise
             raise exception
