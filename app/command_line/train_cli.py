@@ -627,7 +627,7 @@ class TrainCLI(LightningCLI):
                 " --trainer.limit_train_batches 0), and the figures of untrained weights would mean nothing."
             )
         elif self.test_after_fit:
-            if best and not self.trainer.strategy.broadcast(Path(best).is_file()):  # global rank 0's disk decides
+            if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
                 run = self.run.path if self.run is not None and self.run.path else last_checkpoint_path(self.trainer)
                 raise UserError(
                     f"the run's best checkpoint, {best}, was removed after it was saved: there is no test after this"
