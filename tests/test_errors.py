@@ -109,6 +109,7 @@ def test_a_bad_checkpoint_file_ends_in_one_line(checkpoint, data_dir, tmp_path, 
     assert "could run code" not in message
 
 
+@pytest.mark.slow  # real processes: the newest environment only (CI's time)
 def test_a_truncated_checkpoint_ends_in_one_line_from_a_real_run(checkpoint, data_dir, tmp_path):
     path = bad_checkpoint("truncated", tmp_path, checkpoint[0])
     result = run_train("test", *one_run(data_dir, tmp_path, "--ckpt_path", str(path)), timeout=120)
@@ -325,6 +326,7 @@ def test_a_bug_is_one_short_traceback_from_one_process(data_dir, tmp_path, rank)
     assert_one_short_traceback(run_train(*one_run(data_dir, tmp_path, *failing)))
 
 
+@pytest.mark.slow  # real processes: the newest environment only (CI's time)
 def test_a_rank_that_fails_while_rank_0_waits_for_it_ends_the_job(data_dir, tmp_path):
     """On NCCL a collective waits for a lost process until the process-group timeout (30 minutes). A process that
     failed waits for the first process to end (app/job/children.py) only so long; then it ends, and Lightning's watch
@@ -571,13 +573,14 @@ def test_ctrl_c_in_one_process_without_a_process_group_stops_where_it_is_checked
     assert saved_step(tmp_path) == 20
 
 
+@pytest.mark.slow  # real processes: the newest environment only (CI's time)
 def test_ctrl_c_in_the_sanity_check_stops_at_once_and_keeps_no_run(data_dir, tmp_path):
     """It was recorded as a stop of the training, which went on to the first check (50 steps) and kept a run."""
     sanity = ("--trainer.callbacks+=tests.helpers.CtrlCInSanityCheck", "--trainer.num_sanity_val_steps", "2")
     result = run_train(*one_run(data_dir, tmp_path, *sanity, devices=1), timeout=120)
     assert result.returncode == -signal.SIGINT, result.stderr[-3000:]
     output = result.stdout + result.stderr
-    assert "Stopped before the first training step, with nothing to keep." in output and "after step" not in output
+    assert "Stopped before the first training step: this command kept nothing." in output and "after step" not in output
     assert not (tmp_path / "SeqNet-mnist").exists()  # the run, and the folder made to hold it, taken back
 
 

@@ -1,6 +1,7 @@
 """`train.py export`: ONNX and TorchScript files that take raw pixels and give the checkpoint's logits."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -85,23 +86,17 @@ def test_onnx_without_its_package_says_which_extra_to_install(checkpoint, tmp_pa
     assert said.line == "error: --format onnx needs the onnx package: pip install -e '.[export]'."
 
 
-def _write_half_then_fail(target, *_args) -> None:
-    if hasattr(target, "write"):
-        target.write(b"half a model")
-    else:
-        Path(target).write_bytes(b"half a model")
-    raise RuntimeError("cut short")
-
-
 @pytest.mark.parametrize("export_format", ["onnx", "torchscript"])
 def test_an_export_cut_short_leaves_no_file_and_runs_again(checkpoint, tmp_path, monkeypatch, capsys, export_format):
-    """It left a 0-byte or half file, which the next export refused to overwrite ("exists already")."""
+    """It left a 0-byte or half file, which the next export refused to overwrite ("exists already"): here the
+    write fails once its bytes are out, as a full disk or a stop would."""
     best, _ = checkpoint
     output = tmp_path / f"model.{export_format}"
-    if export_format == "onnx":
-        monkeypatch.setattr(torch.onnx, "export", lambda model, example, f, **kwargs: _write_half_then_fail(f))
-    else:
-        monkeypatch.setattr(torch.jit, "save", lambda module, f, *args, **kwargs: _write_half_then_fail(f))
+
+    def cut_short(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", cut_short)
     with pytest.raises(SystemExit):
         main(["export", "--ckpt_path", str(best), "--format", export_format, "--output", str(output)])
     assert list(tmp_path.iterdir()) == []

@@ -301,9 +301,7 @@ class TrainCLI(LightningCLI):
                 stage = {"validate": "validation", "predict": "prediction"}.get(subcommand, subcommand)
                 say(f"Stopped: the {stage} was cut short and keeps nothing. Run the same command to {subcommand}.")
             elif isinstance(error, STOPS) and self.run is not None and not self.run.started:  # the sanity check
-                say(
-                    "Stopped before the first training step, with nothing to keep. Run the same command to start again."
-                )
+                say("Stopped before the first training step: this command kept nothing. Run it again to train.")
             raise
 
     @contextmanager

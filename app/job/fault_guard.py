@@ -131,7 +131,7 @@ class FaultGuard(Callback):
         launcher = self._trainer.strategy.launcher  # only in the process that started the others
         if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None and self.stop_signal is None:
             launcher.kill(signum)
-        if self._trainer.state.fn != TrainerFn.FITTING or self._trainer.sanity_checking:  # nothing to keep: stop now
+        if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
             raise StoppedBySignal(signum)
         self.stop_signal = self.stop_signal or signum
 
@@ -142,6 +142,14 @@ class FaultGuard(Callback):
         self._catch_stop_signals()
 
     on_validation_start = on_test_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
+
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A stop signal during the sanity check stops every rank here, together (a signal may reach one node
+        only): nothing is trained yet, so nothing waits for the first check."""
+        flag = torch.tensor([self.stop_signal or 0], dtype=torch.int32, device=trainer.strategy.root_device)
+        stop_signal = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if stop_signal:
+            raise StoppedBySignal(stop_signal)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         path = last_checkpoint_path(trainer)
@@ -194,21 +202,21 @@ class FaultGuard(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Check after every `every_n_steps`-th optimizer step: with `--trainer.accumulate_grad_batches N` a stop
-        inside the N batches of one step would lose the gradients accumulated so far (a checkpoint holds none). Not
-        after an epoch's last batch: the epoch's end checks, after its validation (a checkpoint of its last step
-        counts the epoch as done, and the continued run never validated it)."""
+        inside the N batches of one step would lose the gradients accumulated so far (a checkpoint holds none). After
+        an epoch's last batch, the loss only: a stop, a requeue and a save wait for the epoch's end, after its
+        validation (a checkpoint of its last step counts the epoch as done: the continued run never validated it)."""
         self.batches += 1
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         step, stepped = trainer.global_step, trainer.global_step != self.step_seen  # the same on every rank
         self.step_seen = step
         last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # as many batches on every rank
-        if stepped and step % self.every_n_steps == 0 and not last_of_epoch:
-            self._check(trainer, at_epoch_end=False)
+        if stepped and step % self.every_n_steps == 0:
+            self._check(trainer, at_epoch_end=False, loss_only=last_of_epoch)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(trainer, at_epoch_end=True)
 
-    def _check(self, trainer: Trainer, at_epoch_end: bool) -> None:
+    def _check(self, trainer: Trainer, at_epoch_end: bool, loss_only: bool = False) -> None:
         device = trainer.strategy.root_device
         interval = self.checkpoint_every_s
         save_due = interval is not None and time.monotonic() - self.saved_at >= interval and not at_epoch_end
@@ -216,10 +224,6 @@ class FaultGuard(Callback):
         if self.last_loss is not None:  # on the device: the flag is made without waiting for the step to finish
             flags[2] = (~torch.isfinite(self.last_loss.detach())).any()
         stop_signal, requeue, diverged, save_due = trainer.strategy.reduce(flags, reduce_op="max").tolist()
-        if requeue:
-            self.requeue = False
-            connector = trainer._signal_connector
-            type(connector)._slurm_sigusr_handler_fn(connector, signal.SIGUSR1, None)  # Lightning's own requeue
         path = last_checkpoint_path(trainer)
         if diverged:
             group = trainer.optimizers[0].param_groups[0]
@@ -228,6 +232,12 @@ class FaultGuard(Callback):
                 f" {trainer.current_epoch}): lower the learning rate (--model.optimizer.lr, now"
                 f" {group.get('max_lr', group['lr']):g}) and train again. {_weights_kept(path)}"
             )
+        if loss_only:
+            return
+        if requeue:
+            self.requeue = False
+            connector = trainer._signal_connector
+            type(connector)._slurm_sigusr_handler_fn(connector, signal.SIGUSR1, None)  # Lightning's own requeue
         if stop_signal and at_epoch_end:  # the epoch's checkpoints first (the best by val/acc): Lightning calls
             for callback in trainer.checkpoint_callbacks:  # them after this hook, which stops the run
                 callback.on_train_epoch_end(trainer, trainer.lightning_module)
