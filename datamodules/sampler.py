@@ -52,7 +52,10 @@ class ResumableDistributedSampler(DistributedSampler):
         return {"epoch": self.epoch, "position": self.start + self.given * self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # The epoch too: with DataLoader workers, the loader asks for its first batches as soon as Lightning makes
-        # the iterator on resume, before Lightning's `set_epoch` for the continued epoch.
+        """The epoch too: with DataLoader workers, the loader asks for its first batches as soon as Lightning makes
+        the iterator on resume, before Lightning's `set_epoch` for the continued epoch. A position at the end of
+        the permutation is the next epoch's start (a checkpoint of the epoch's last step: workers drew nothing)."""
+        if state_dict["position"] >= len(self.dataset):
+            state_dict = {"epoch": state_dict["epoch"] + 1, "position": 0}
         self.epoch = state_dict["epoch"]
         self.resume_at = state_dict

@@ -167,10 +167,12 @@ def test_an_evaluation_says_which_settings_differ_from_those_the_weights_were_tr
     assert "); changed: --data.val_split_seed 0 -> 3." in result.stderr
 
 
-@pytest.mark.parametrize("stage", ["test", "fit"])
-def test_another_normalisation_than_the_weights_were_trained_with_is_refused(run, data_dir, tmp_path, stage):
-    """It was replaced by the checkpoint's in silence, while the record of the command said it was used."""
-    argv = [stage, "--data.data_dir", str(data_dir), *COMMON, "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
+@pytest.mark.parametrize(("stage", "form"), [("test", "file"), ("fit", "file"), ("fit", "run folder")])
+def test_another_normalisation_than_the_weights_were_trained_with_is_refused(run, data_dir, tmp_path, stage, form):
+    """It was replaced by the checkpoint's in silence, while the record of the command said it was used; continuing
+    the run (whose config.yaml holds none: they came from the data) was refused as built "with null"."""
+    named = run / "checkpoints" / "last.ckpt" if form == "file" else run
+    argv = [stage, "--data.data_dir", str(data_dir), *COMMON, "--ckpt_path", str(named)]
     with ends_in_error() as said:
         main(
             [

@@ -47,3 +47,15 @@ def test_a_stopped_epoch_continues_on_another_number_of_ranks_with_each_remainin
     padding = (-len(remaining)) % after  # an even share per rank: the epoch's first samples again, as Lightning's
     assert sum(rest.values()) == len(remaining) + padding and set(rest) - remaining <= set(seen)
     assert all(sampler.indices_in_pass() == (len(remaining) + padding) // after for sampler in continued)
+
+
+def test_a_checkpoint_of_an_epochs_last_step_continues_with_the_next_epoch():
+    """Workers draw their first batches before Lightning sets the next epoch: from the end of the old permutation,
+    nothing, and the next epoch trained no batch."""
+    (stopped,) = samplers(1)
+    list(stopped)  # the whole epoch
+    continued = ResumableDistributedSampler(SAMPLES, 1, 0, seed=SEED)
+    continued.load_state_dict(stopped.state_dict())
+    (next_epoch,) = samplers(1)
+    next_epoch.set_epoch(EPOCH + 1)
+    assert list(continued) == list(next_epoch)  # before any `set_epoch`, as with workers

@@ -138,9 +138,22 @@ def _from_run(run: Path, root: Path, subcommand: str) -> Start:
         return Start(checkpoint, contents, run, settings=_settings_of_checkpoint(contents))
     settings = read_record(record)
     settings = {key: value for key, value in settings.items() if key not in NOT_COMPARED}
+    _with_the_weights_statistics(settings, contents)
     for key in WHERE:  # where the run was, and on how many processes: this command, or its launcher, says now
         (settings.get("trainer") or {}).pop(key.removeprefix("--trainer."), None)
     return Start(checkpoint, contents, run, record, settings)
+
+
+def _with_the_weights_statistics(settings: dict, contents: dict) -> None:
+    """A record's model without normalisation (taken from the data when the run started) given the checkpoint's:
+    the run was built with those, and another given to continue it is then said to differ from them."""
+    model = settings.get("model")
+    saved = contents.get("hyper_parameters") or {}
+    if not isinstance(model, dict) or saved.get("pixel_mean") is None:
+        return
+    arguments = model.setdefault("init_args", {})
+    if arguments.get("pixel_mean") is None or arguments.get("pixel_std") is None:
+        arguments.update(pixel_mean=saved["pixel_mean"], pixel_std=saved["pixel_std"])
 
 
 def _settings_of_checkpoint(contents: dict) -> dict:
