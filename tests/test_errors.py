@@ -387,6 +387,7 @@ def test_a_short_traceback_sums_up_library_frames_and_keeps_the_cause():
         (["--trainer.log_every_n_steps", "0"], "logs no step"),
         (["--trainer.limit_train_batches", "0"], "trains no step"),
         (["--trainer.enable_checkpointing", "false"], "saves no checkpoint"),
+        (["--trainer.limit_test_batches", "0"], "tests no batch"),
     ],
 )
 def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, args, what_lightning_does):
@@ -397,6 +398,11 @@ def test_values_lightning_accepts_keep_lightnings_meaning(data_dir, tmp_path, ar
     if what_lightning_does == "trains no step":  # and no test after it: the figures of untrained weights
         assert "train/loss" not in logged and "test/acc" not in logged and not list(run.rglob("*.ckpt"))
         assert "No test: the fit took no training step" in result.stderr
+        return
+    if what_lightning_does == "tests no batch":  # said: the fit ended without a figure of the test, silently
+        assert (
+            "test/acc" not in logged and "No test: --trainer.limit_test_batches 0 runs no test batch." in result.stderr
+        )
         return
     assert "test/acc" in logged  # the run went through to the test
     if what_lightning_does == "logs no step":

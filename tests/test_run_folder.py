@@ -204,9 +204,9 @@ def test_a_continued_run_whose_best_checkpoint_was_removed_keeps_its_training_an
     result = run_in_process(*one_process(data_dir, None, *args))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: the run's best checkpoint, {run / 'checkpoints' / 'epoch=0-step=20.ckpt'}, was removed after it was"
-        " saved: there is no test after this fit. The training is kept; test its last checkpoint with:"
-        f" {train_py()} test --ckpt_path {run}"
+        f"error: the run's best checkpoint, {run / 'checkpoints' / 'epoch=0-step=20.ckpt'}, is not there (removed after"
+        " it was saved, or on another node's disk): there is no test after this fit. The training is kept; test its"
+        f" last checkpoint with: {train_py()} test --ckpt_path {run}"
     )
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
 

@@ -35,17 +35,21 @@ def test_each_option_that_differs_is_named_with_its_value_on_each_node():
 
 def test_nodes_that_run_other_versions_of_the_program_are_named(tmp_path):
     """Another version of a model (another layer's size) failed in DDP's C++ check, "a bug"; another sampler's
-    would have trained in silence."""
-    for path in [REPO / "train.py", *(REPO / "models").glob("*.py")]:
-        (tmp_path / path.relative_to(REPO)).parent.mkdir(exist_ok=True)
-        shutil.copy(path, tmp_path / path.relative_to(REPO))
-    before = program_digest(tmp_path)
-    seqnet = tmp_path / "models" / "seqnet.py"
+    would have trained in silence. The same code at another path is the same program."""
+    copies = [tmp_path / "node_0", tmp_path / "node_1"]
+    for copy in copies:
+        for path in [REPO / "train.py", *(REPO / "models").glob("*.py")]:
+            (copy / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, copy / path.relative_to(REPO))
+    assert program_digest(copies[0]) == program_digest(copies[1])
+    seqnet = copies[1] / "models" / "seqnet.py"
     seqnet.write_text(seqnet.read_text().replace("200", "100"))
-    line = disagreement({0: {**settings(), "program": before}, 1: {**settings(), "program": program_digest(tmp_path)}})
-    assert line.startswith(
+    digests = [program_digest(copy) for copy in copies]
+    line = disagreement({node: {**settings(), "program": digest} for node, digest in enumerate(digests)})
+    assert line == (
         f"the nodes were started with different settings: the program's code (a digest of train.py, app/, models/ and"
-        f" datamodules/) is {before} on node 0 and {program_digest(tmp_path)} on node 1."
+        f" datamodules/) is {digests[0]} on node 0 and {digests[1]} on node 1. Start every node with the same version"
+        " of the program and the same command line."
     )
 
 

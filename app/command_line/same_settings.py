@@ -79,10 +79,8 @@ def disagreement(settings_of: dict[int, dict[str, Any]], who: str = "node") -> s
             where.setdefault(as_shown[name], []).append(name)
         on = " and ".join(f"{value} on {_them(who, numbers)}" for value, numbers in where.items())
         said.append(f"{SAID_AS.get(option, option)} is {on}")
-    return (
-        f"the nodes were started with different settings: {'; '.join(said)}. Start every node with the same"
-        " command line."
-    )
+    same = "version of the program and the same command line" if f"--{PROGRAM}" in values else "command line"
+    return f"the nodes were started with different settings: {'; '.join(said)}. Start every node with the same {same}."
 
 
 def program_digest(root: Path = ROOT) -> str:

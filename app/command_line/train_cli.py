@@ -624,12 +624,15 @@ class TrainCLI(LightningCLI):
                 "No test: the fit took no training step (--trainer.max_epochs, --trainer.max_steps or"
                 " --trainer.limit_train_batches 0), and the figures of untrained weights would mean nothing."
             )
+        elif self.test_after_fit and self.trainer.limit_test_batches == 0:
+            rank_zero_info("No test: --trainer.limit_test_batches 0 runs no test batch.")
         elif self.test_after_fit:
             if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
                 run = self.run.path if self.run is not None and self.run.path else last_checkpoint_path(self.trainer)
                 raise UserError(
-                    f"the run's best checkpoint, {best}, was removed after it was saved: there is no test after this"
-                    f" fit. The training is kept; test its last checkpoint with: {train_py()} test --ckpt_path {run}"
+                    f"the run's best checkpoint, {best}, is not there (removed after it was saved, or on another"
+                    " node's disk): there is no test after this fit. The training is kept; test its last checkpoint"
+                    f" with: {train_py()} test --ckpt_path {run}"
                 )
             try:
                 self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)

@@ -1,4 +1,5 @@
-"""The one thread the project starts besides the heartbeat: it watches a wait that may never end from outside it."""
+"""The one kind of thread the project starts besides the heartbeat: it watches a wait that may never end from outside
+it."""
 
 import sys
 import threading
@@ -10,9 +11,9 @@ def watch(look: Callable[[], object], stop: threading.Event) -> threading.Thread
     """Call `look` every second, in a thread named "watch", until `stop` is set.
 
     A wait inside C code (the processes meeting in `init_process_group`, a store call to a frozen holder) may last
-    without end whatever its timeout says, and Python runs nothing of that thread meanwhile. `look` makes no call
-    that can block, but a read of a store that the waiting call needs as well: it reads the clock and says, or ends
-    the process.
+    without end whatever its timeout says, and Python runs nothing of that thread meanwhile. `look` reads the clock
+    and says, or reads a store and ends the process; a `look` whose store call may itself wait without end (a
+    client at a port another program holds) has a watch of its own, so that it silences no other.
     """
 
     def run() -> None:
