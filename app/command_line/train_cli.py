@@ -384,12 +384,7 @@ class TrainCLI(LightningCLI):
 
     def continue_command(self) -> str:
         """How to continue this run, as the user types it here (under a launcher: what to give train.py there)."""
-        if self.run is not None and self.run.path is not None:  # global rank 0, which claimed it
-            where = self.run.path
-        else:  # another rank: Lightning gave it rank 0's folders, `<run>/checkpoints/last.ckpt`
-            where = last_checkpoint_path(self.trainer)
-            if where is not None and (where.parent.parent / RECORD).is_file():
-                where = where.parent.parent  # else (a logger of the user's, say): a new run from its weights
+        where = self._saved_where()
         if self.shape is not None:
             return f"the same {self.shape.launcher.removeprefix('the ')} command, with --ckpt_path {where}"
         trainer, shape = self.trainer, ""
@@ -399,6 +394,15 @@ class TrainCLI(LightningCLI):
             shape = f" --devices {trainer.num_devices}"
         subcommand = "" if self.test_after_fit else f" {self.subcommand}"
         return f"{train_py()}{subcommand} --ckpt_path {where}{shape}"
+
+    def _saved_where(self) -> Path | None:
+        """What `--ckpt_path` names to take this run up again: its folder, else its last checkpoint."""
+        if self.run is not None and self.run.path is not None:  # global rank 0, which claimed it
+            return self.run.path
+        where = last_checkpoint_path(self.trainer)  # another rank: Lightning gave it rank 0's folders
+        if where is not None and (where.parent.parent / RECORD).is_file():
+            return where.parent.parent  # else (a logger of the user's, say): a new run from its weights
+        return where
 
     def _settings_every_node_shares(self) -> dict:
         """What the nodes of a job must agree on: the settings, the subcommand, and the checkpoint's step."""
@@ -628,11 +632,10 @@ class TrainCLI(LightningCLI):
             rank_zero_info("No test: --trainer.limit_test_batches 0 runs no test batch.")
         elif self.test_after_fit:
             if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
-                run = self.run.path if self.run is not None and self.run.path else last_checkpoint_path(self.trainer)
                 raise UserError(
                     f"the run's best checkpoint, {best}, is not there (removed after it was saved, or on another"
                     " node's disk): there is no test after this fit. The training is kept; test its last checkpoint"
-                    f" with: {train_py()} test --ckpt_path {run}"
+                    f" with: {train_py()} test --ckpt_path {self._saved_where()}"
                 )
             try:
                 self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)

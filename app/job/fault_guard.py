@@ -209,9 +209,8 @@ class FaultGuard(Callback):
         self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         step, stepped = trainer.global_step, trainer.global_step != self.step_seen  # the same on every rank
         self.step_seen = step
-        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # as many batches on every rank
-        if stepped and step % self.every_n_steps == 0:
-            self._check(trainer, at_epoch_end=False, loss_only=last_of_epoch)
+        if stepped and step % self.every_n_steps == 0:  # as many batches on every rank: the same last one
+            self._check(trainer, at_epoch_end=False, loss_only=trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(trainer, at_epoch_end=True)

@@ -89,9 +89,8 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
                 f" processes of the job ({num_nodes} node(s) x {world_size // num_nodes}). Usual causes: a node not"
                 " started yet, or started with another MASTER_ADDR or MASTER_PORT, or whose process failed (its"
                 " output says why); another program holding that port; a firewall closing it; another network"
-                " interface (GLOO_SOCKET_IFNAME,"
-                " NCCL_SOCKET_IFNAME). Waiting up to the process-group timeout (--trainer.strategy.timeout, 30"
-                " minutes by default).",
+                " interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME). Waiting up to the process-group timeout"
+                " (--trainer.strategy.timeout, 30 minutes by default).",
                 flush=True,
             )
 
