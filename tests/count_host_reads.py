@@ -1,6 +1,7 @@
 """`python tests/count_host_reads.py OUT_DIR TRAIN_ARGS...`: run `train.py TRAIN_ARGS` and record, in every process,
 where a tensor value was read back to the host, which of the project's own functions (in app/) the main thread
-called once training had started, and after each optimizer step the line STEP; each rank writes its list to
+called once training had started (up to the COUNT_CALLS_UNTIL_STEP-th optimizer step, where that variable is set:
+tracing slows every call), and after each optimizer step the line STEP; each rank writes its list to
 OUT_DIR/rank<N>.json.
 
 Lightning's launcher starts the other ranks with this same command line, so they count too.
@@ -57,9 +58,14 @@ if __name__ == "__main__":
     count_reads(reads)
     record_calls = call_recorder(reads)
 
+    last_step = int(os.environ.get("COUNT_CALLS_UNTIL_STEP", "0"))  # 0: to the end (tracing slows every call)
+    steps = [0]
+
     def after_each_step(*_) -> None:
         reads.append(STEP)
-        sys.settrace(record_calls)  # the main thread's calls, from the first step on (a no-op after it)
+        steps[0] += 1
+        done = last_step and steps[0] >= last_step
+        sys.settrace(None if done else record_calls)  # the main thread's calls, from the first step on
 
     register_optimizer_step_post_hook(after_each_step)
     try:

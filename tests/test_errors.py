@@ -629,3 +629,22 @@ def test_a_checkpoint_that_is_not_there_lists_those_of_its_folder(checkpoint, da
     message = error_line(["test", "--ckpt_path", str(missing), "--data.data_dir", str(data_dir)])
     there = ", ".join(sorted(path.name for path in best.parent.glob("*.ckpt")))
     assert message == f"error: --ckpt_path {missing}: no such file. {best.parent} holds {there}: give one of them."
+
+
+@pytest.mark.timeout(60)  # without the check it waited at the meeting
+@pytest.mark.parametrize("node_rank", ["2", "abc"])
+def test_a_node_rank_outside_the_job_ends_in_one_line_before_anything_is_written(
+    data_dir, tmp_path, monkeypatch, node_rank
+):
+    """It was "a bug" (gloo's "rank < size", or int()'s ValueError) with a traceback, while node 0 waited."""
+    monkeypatch.setenv("NODE_RANK", node_rank)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "9")  # nothing to meet: the command ends before the meeting
+    result = run_in_process("fit", *one_run(data_dir, tmp_path, "--num_nodes", "2", devices=1))
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith(f"NODE_RANK {node_rank}: each of the --num_nodes 2 nodes takes its own NODE_RANK, from 0 to 1.")
+    ), result.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []

@@ -177,20 +177,39 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
     assert "max_exp_avg_sq" in last_checkpoint(run)["optimizer_states"][0]["state"][0]
 
 
+@pytest.mark.parametrize("named", ["moved, relative", "a link to it", "moved to another version"])
 def test_a_run_named_by_another_spelling_of_its_folder_keeps_its_best_checkpoint(
-    data_dir, tmp_path, adadelta_run, monkeypatch
+    data_dir, tmp_path, adadelta_run, monkeypatch, named
 ):
-    """Moved, and named relative to the working folder: Lightning compares the checkpoint folder as text, so it
-    dropped the best score (the next epoch, no better, became the best) and kept the old folder's best file, which
-    names another run's file (tested after the fit)."""
+    """Moved, and named relative to the working folder, or through a link, or moved to another `version_N`:
+    Lightning compares the checkpoint folder as text, so it dropped the best score (the next epoch, no better,
+    became the best) and kept the old folder's best file, which names another run's file (tested after the fit)."""
     run = copy_of(adadelta_run, tmp_path)
+    if named == "moved to another version":
+        run = run.rename(run.with_name("version_3"))
     monkeypatch.chdir(tmp_path)
-    args = ("--ckpt_path", str(run.relative_to(tmp_path)), "--trainer.max_epochs", "2")
+    given = run.relative_to(tmp_path)
+    if named == "a link to it":
+        (tmp_path / "link").symlink_to(given)
+        given = Path("link")
+    args = ("--ckpt_path", str(given), "--trainer.max_epochs", "2")
     result = run_in_process(*one_process(data_dir, None, *args, "--model.optimizer.lr", "0"))  # epoch 1 = epoch 0
     assert result.returncode == 0, result.stderr[-3000:]
     (best,) = re.findall(r"^Best checkpoint: (.+)$", result.stdout + result.stderr, re.MULTILINE)
     assert Path(best).resolve() == run / "checkpoints" / "epoch=0-step=20.ckpt"
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["epoch=0-step=20.ckpt", "last.ckpt"]
+
+
+def test_a_print_config_file_that_leaves_the_normalisation_null_changes_nothing(data_dir, tmp_path, adadelta_run):
+    """`--print_config` writes `pixel_mean: null` (taken from the data): the weights' own were used, but the line
+    said "changed: --model.pixel_mean 0.1307 -> null"."""
+    run = copy_of(adadelta_run, tmp_path)
+    config = tmp_path / "printed.yaml"
+    config.write_text("model:\n  class_path: models.SeqNet\n  init_args:\n    pixel_mean: null\n    pixel_std: null\n")
+    result = run_in_process("test", "--config", str(config), *one_process(data_dir, None, "--ckpt_path", str(run)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("--ckpt_path")]
+    assert said == [f"--ckpt_path {run}: {run}, from checkpoints/last.ckpt (step 20, epoch 0)."], said
 
 
 def test_a_continued_run_whose_best_checkpoint_was_removed_keeps_its_training_and_says_so(

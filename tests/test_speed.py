@@ -27,10 +27,12 @@ PER_STEP_HOOKS = {
 }
 
 
-def host_reads_of_a_fit(out_dir, argv: list[str]) -> dict[str, list[str]]:
-    """Run `train.py fit ARGV` and return, for each rank, where each read of a tensor value happened."""
+def host_reads_of_a_fit(out_dir, argv: list[str], steps: int) -> dict[str, list[str]]:
+    """Run `train.py fit ARGV` and return, for each rank, where each read of a tensor value happened, and which of
+    the project's functions its main thread called in the first `steps` optimizer steps."""
     out_dir.mkdir()
-    run = run_command([sys.executable, "tests/count_host_reads.py", str(out_dir), "fit", *argv], timeout=240)
+    command = [sys.executable, "tests/count_host_reads.py", str(out_dir), "fit", *argv]
+    run = run_command(command, timeout=240, env={"COUNT_CALLS_UNTIL_STEP": str(steps)})
     assert run.returncode == 0, run.stderr[-3000:]
     return {path.stem: json.loads(path.read_text()) for path in sorted(out_dir.glob("rank*.json"))}
 
@@ -46,7 +48,7 @@ def test_training_steps_between_logging_steps_read_nothing_from_the_device(data_
     quiet = ("--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "1000")
     argv = small_run(data_dir, tmp_path, *quiet, model="ConvNet", batch_size=10, devices=2)
     # one epoch is 50 steps on each of the 2 ranks: the run stays in the first epoch
-    reads = host_reads_of_a_fit(tmp_path / "reads", [*argv, "--trainer.max_steps", "15"])
+    reads = host_reads_of_a_fit(tmp_path / "reads", [*argv, "--trainer.max_steps", "15"], steps=15)
     assert list(reads) == ["rank0", "rank1"]
     for rank, events in reads.items():
         steps = [index for index, event in enumerate(events) if event == STEP]

@@ -28,6 +28,7 @@ from app.command_line.checks import (
     check_counts,
     check_data,
     check_launcher,
+    check_node_rank,
     check_seed,
     check_sync_batchnorm,
     check_writable,
@@ -457,8 +458,11 @@ class TrainCLI(LightningCLI):
         """Under a launcher, `--devices` and `--num_nodes` follow what it started (`launcher_shape.py`), and the fault
         guard's save interval its restarts (here, not in the parser: the run's record keeps what the user chose)."""
         plugins = _as_list(config.get("plugins"))
-        self.shape = launcher_shape(next((p for p in plugins if isinstance(p, ClusterEnvironment)), None))
+        environment = next((p for p in plugins if isinstance(p, ClusterEnvironment)), None)
+        self.shape = launcher_shape(environment)
         if self.shape is None:
+            if environment is None:  # Lightning's own environment, which reads NODE_RANK
+                check_node_rank(config["num_nodes"])
             return
         config.update(self.shape.settle(config["devices"], config["num_nodes"]))
         for guard in (callback for callback in callbacks if isinstance(callback, FaultGuard)):

@@ -28,6 +28,7 @@ NOT_COMPARED = {"ckpt_path", "config", "weights_only"}  # options that say where
 WHERE = {"--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes"}
 # The data a run trains and validates on, which a continued run keeps (an interrupted epoch gives each sample once).
 DATA_OF_THE_RUN = {"--data.dataset", "--data.val_size", "--data.val_split_seed"}
+STATISTICS = ("--model.pixel_mean", "--model.pixel_std")  # the normalisation the weights were trained with
 LIGHTNING_NAMES = ("hpc",)  # `--ckpt_path` values that Lightning resolves itself
 
 
@@ -95,8 +96,8 @@ def find_start(ckpt_path: str | None, subcommand: str, runs_of_model: Path, root
             )
         return _from_run(run, root, subcommand)
     path = Path(ckpt_path)
-    if path.is_dir() and is_run(path):
-        return _from_run(path, root, subcommand)
+    if path.is_dir() and is_run(path):  # a link to a run is the run itself (its checkpoints name its folder)
+        return _from_run(path.resolve() if path.is_symlink() else path, root, subcommand)
     runs = [path / f"version_{number}" for number in sorted(versions(path), reverse=True)]
     if trained := [run.name for run in runs if last_checkpoint_of(run) is not None]:  # `runs/SeqNet-mnist`
         raise UserError(not_a_checkpoint_folder("--ckpt_path", path, trained))
@@ -169,10 +170,15 @@ def _settings_of_checkpoint(contents: dict) -> dict:
 
 
 def changes_between(before: dict, after: dict) -> list[Change]:
-    """The options whose value differs, by their command-line names; a changed class is one change."""
+    """The options whose value differs, by their command-line names; a changed class is one change. A normalisation
+    left null (a `--print_config` file's) changes nothing: the weights bring theirs (`refuse_other_statistics`)."""
     before = {key: value for key, value in before.items() if key not in NOT_COMPARED}
     after = {key: value for key, value in after.items() if key not in NOT_COMPARED and key in before}
-    return [change for change in differences(before, after, "-") if change.option not in WHERE]
+    return [
+        change
+        for change in differences(before, after, "-")
+        if change.option not in WHERE and not (change.option in STATISTICS and change.after is None)
+    ]
 
 
 def differences(before: Any, after: Any, option: str = "-") -> list[Change]:
@@ -260,7 +266,7 @@ def refuse_other_statistics(start: Start) -> None:
     """The normalisation the weights were trained with comes with them (`ImageClassifier.on_load_checkpoint`):
     another one given for them is refused in one line, where it was silently replaced (and recorded as used)."""
     for change in start.changes:
-        if change.option in ("--model.pixel_mean", "--model.pixel_std") and None not in (change.before, change.after):
+        if change.option in STATISTICS and None not in (change.before, change.after):
             raise UserError(
                 f"{change.option} {shown(change.after)}: the weights of --ckpt_path {start.run or start.checkpoint}"
                 f" were trained on inputs normalised with {change.option} {shown(change.before)}, which comes with"

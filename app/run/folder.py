@@ -140,11 +140,12 @@ class RunFolder(Callback):
 
 
 def _respell(state: dict, dirpath: str) -> None:
-    """A `ModelCheckpoint` state with its folder and files spelled from `dirpath`, where both name the same run's
-    folder (`<Model>-<dataset>/version_N/checkpoints`, the tail that stays when a run moves). Text alone decides, the
-    same on every rank (`dirpath` is rank 0's); another folder (`--checkpoint.dirpath` changed) is left to Lightning."""
+    """A `ModelCheckpoint` state with its folder and files spelled from `dirpath`, where both are a run's own
+    checkpoint folder (`version_N/checkpoints`: the run continued, spelled otherwise, or moved, also to another
+    `version_N`). Text alone decides, the same on every rank (`dirpath` is rank 0's); another folder
+    (`--checkpoint.dirpath` given) is left to Lightning."""
     saved = state.get("dirpath")
-    if not saved or saved == dirpath or Path(saved).parts[-3:] != Path(dirpath).parts[-3:]:
+    if not saved or saved == dirpath or not (_in_a_run(Path(saved)) and _in_a_run(Path(dirpath))):
         return
 
     def here(path: str) -> str:
@@ -155,6 +156,11 @@ def _respell(state: dict, dirpath: str) -> None:
             state[key] = here(state[key])
     state["best_k_models"] = {here(path): score for path, score in state.get("best_k_models", {}).items()}
     state["dirpath"] = dirpath
+
+
+def _in_a_run(folder: Path) -> bool:
+    """Whether `folder` is spelled as a run's own checkpoint folder, `version_N/checkpoints`."""
+    return folder.name == CHECKPOINTS and VERSION.fullmatch(folder.parent.name) is not None
 
 
 def versions(parent: Path) -> list[int]:
