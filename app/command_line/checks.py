@@ -27,9 +27,9 @@ def check_launcher(trainer: Trainer) -> None:
 
 def check_node_rank(num_nodes: object) -> None:
     """Where no launcher sets the ranks, NODE_RANK is one of 0 .. --num_nodes - 1 (else "a bug": int()'s ValueError
-    or gloo's "rank < size", while node 0 waits for the node to come)."""
+    or gloo's "rank < size", while node 0 waits for the node to come). Below 1 node: Lightning refuses."""
     node_rank = os.environ.get("NODE_RANK", "0")
-    if isinstance(num_nodes, int) and node_rank not in map(str, range(num_nodes)):
+    if isinstance(num_nodes, int) and num_nodes > 0 and node_rank not in map(str, range(num_nodes)):
         raise UserError(
             f"NODE_RANK {node_rank}: each of the --num_nodes {num_nodes} nodes takes its own NODE_RANK, from 0 to"
             f" {num_nodes - 1}."
