@@ -157,6 +157,22 @@ def test_after_a_fit_the_summary_holds_the_figures_of_the_weights_it_tested(data
     assert summary.startswith(finished_line(tested.stdout + tested.stderr))
 
 
+def test_a_fit_without_a_test_sums_up_with_the_figure_of_the_checkpoint_it_names(data_dir, tmp_path):
+    """`fit` alone: the summary's val/loss stood above the best checkpoint's name, but was the last validation's, the
+    figure of other weights. The best by the highest val/loss is the first epoch's (the loss falls)."""
+    worst = ("--checkpoint.monitor", "val/loss", "--checkpoint.mode", "max", "--trainer.max_epochs", "2")
+    limits = ("--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2")
+    argv = ("--data.data_dir", str(data_dir), "--data.dataset", "mnist", *COMMON, *limits, *worst)
+    fit = run_in_process("fit", *argv, "--trainer.default_root_dir", str(tmp_path))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (run,) = (tmp_path / "SeqNet-mnist").iterdir()
+    first, last = scalars(run)["val/loss"]
+    assert first > last  # else the check below would not tell the epochs apart
+    assert finished_line(fit.stdout + fit.stderr) == f"Finished: val/loss {first:.4f}"
+    (best,) = (run / "checkpoints").glob("epoch=0-*.ckpt")
+    assert f"Best checkpoint: {best}" in fit.stdout + fit.stderr
+
+
 def test_an_evaluation_says_which_settings_differ_from_those_the_weights_were_trained_with(checkpoint, data_dir):
     """Another validation split may hold images the weights trained on: the command may ask for it, and is told."""
     best, _ = checkpoint

@@ -177,6 +177,17 @@ def test_a_run_continued_with_another_optimizer_and_more_epochs_goes_on_in_its_f
     assert "max_exp_avg_sq" in last_checkpoint(run)["optimizer_states"][0]["state"][0]
 
 
+def test_a_run_continued_with_another_batch_size_says_how_many_steps_it_will_take(data_dir, tmp_path, adadelta_run):
+    """Epoch 0 took 20 steps of 50 images; epoch 1 takes 10 of 100: 30 in the run. The start counted every epoch at
+    today's size (20), where the run then ended at another step."""
+    run = copy_of(adadelta_run, tmp_path)
+    args = ("--data.batch_size", "100", "--trainer.max_epochs", "2", "--ckpt_path", "last")
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "; 10 optimizer steps per epoch, 30 in the run." in result.stdout + result.stderr
+    assert last_checkpoint(run)["global_step"] == 30
+
+
 @pytest.mark.parametrize("named", ["moved, relative", "a link to it", "moved to another version"])
 def test_a_run_named_by_another_spelling_of_its_folder_keeps_its_best_checkpoint(
     data_dir, tmp_path, adadelta_run, monkeypatch, named

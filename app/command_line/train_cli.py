@@ -627,6 +627,10 @@ class TrainCLI(LightningCLI):
         checkpoint = self.config_init[self.subcommand]["checkpoint"]
         best = checkpoint.best_model_path if checkpoint in self.trainer.callbacks else ""
         metrics = dict(self.trainer.callback_metrics)  # the last validation's; test() replaces them
+        if best and checkpoint.monitor and checkpoint.best_model_score is not None:
+            # The figure of the weights the summary names (and tests): the best checkpoint's score, which may come
+            # from an earlier epoch than the last validation's figures
+            metrics = {checkpoint.monitor: checkpoint.best_model_score}
         if self.test_after_fit and self.trainer.global_step == 0:  # Lightning's meaning of a 0, kept for the fit
             rank_zero_info(
                 "No test: the fit took no training step (--trainer.max_epochs, --trainer.max_steps or"
@@ -648,10 +652,6 @@ class TrainCLI(LightningCLI):
                     said = f"Stopped in the test after training, which had finished; test {best} with:"
                     say(f"{said} {train_py()} test --ckpt_path {best}")
                 raise
-            if best and checkpoint.monitor and checkpoint.best_model_score is not None:
-                # Beside the test's figures, those of the weights tested: the best checkpoint's score, which may
-                # come from an earlier epoch than the last validation's figures
-                metrics = {checkpoint.monitor: checkpoint.best_model_score}
             metrics.update(self.trainer.callback_metrics)
         if self._continuing() and self._trained_nothing():
             rank_zero_info(

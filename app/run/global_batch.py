@@ -5,6 +5,7 @@ import math
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim.lr_scheduler import OneCycleLR
 
+from app.run.replan import steps_in_the_run
 from app.say import say
 
 
@@ -25,9 +26,10 @@ class GlobalBatchInfo(Callback):
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         group = trainer.optimizers[0].param_groups[0]
-        # A continued run's one-cycle schedule counts the steps it took before at their size (app/run/replan.py).
+        # A continued run counts the steps it took before at their size (app/run/replan.py), as its one-cycle
+        # schedule does; `batch_idx` is where its epoch continues.
         cycles = [c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, OneCycleLR)]
-        total = cycles[0].total_steps if cycles else trainer.estimated_stepping_batches
+        total = cycles[0].total_steps if cycles else steps_in_the_run(trainer, batch_idx)
         if cycles:
             lr = f"peak learning rate {group['max_lr']:g} (one-cycle)"
         elif math.isfinite(total) or trainer.lr_scheduler_configs or not pl_module.hparams.get("one_cycle"):

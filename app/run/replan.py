@@ -78,7 +78,7 @@ class ReplanOnResume(Callback):
         self.first_batch, step, said = False, trainer.global_step, self.said
         for index, config in enumerate(trainer.lr_scheduler_configs):
             if _planned_over_the_run(config.scheduler, pl_module, trainer):
-                config.scheduler = _one_cycle_over(config.scheduler, _steps_in_the_run(trainer, self.batches_done))
+                config.scheduler = _one_cycle_over(config.scheduler, steps_in_the_run(trainer, self.batches_done))
             scheduler = config.scheduler
             before = self.planned_before[index] if index < len(self.planned_before) else None
             if isinstance(scheduler, OneCycleLR) and step <= scheduler.total_steps:
@@ -151,7 +151,7 @@ def _planned_over_the_run(scheduler: object, pl_module: LightningModule, trainer
     return bool(own) and isinstance(scheduler, OneCycleLR) and scheduler.total_steps == planned
 
 
-def _steps_in_the_run(trainer: Trainer, batches_done: int) -> float:
+def steps_in_the_run(trainer: Trainer, batches_done: int) -> float:
     """The optimizer steps of the whole run: those taken, and those left now. (Lightning's `estimated_stepping_batches`
     counts every epoch at today's batch size; the sampler knows what is left of the current epoch.)"""
     accumulated, loader = trainer.accumulate_grad_batches, trainer.train_dataloader
