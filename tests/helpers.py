@@ -540,6 +540,19 @@ class CtrlCInSanityCheck(Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+class SignalInSetup(Callback):
+    """Test instrument: global rank 0 sends `signum` to its process group in the setup hook, once the logger has
+    made the run's folder and its event file, before the stage's loops."""
+
+    def __init__(self, signum: int = int(signal.SIGTERM)) -> None:
+        self.signum = signum
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.global_rank == 0:
+            assert any(Path(trainer.log_dir).iterdir()), "the run's folder holds no file yet"
+            os.killpg(os.getpgid(0), self.signum)
+
+
 class SigtermWhileOthersWait(Callback):
     """Test instrument: at the end of the first validation, rank 0 waits until every other rank has said (a file)
     that it goes on to the next collective (the sync of the epoch's metrics), then sends itself SIGTERM: the signal

@@ -590,6 +590,17 @@ def test_ctrl_c_in_the_sanity_check_stops_at_once_and_keeps_no_run(data_dir, tmp
     assert not (tmp_path / "SeqNet-mnist").exists()  # the run, and the folder made to hold it, taken back
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tmp_path, signum):
+    """Before the fault guard's handlers (Lightning's setup, as the run's folder gets its first files), the signal's
+    own action ended the processes in silence and left a half-written `version_N`."""
+    instrument = ("--trainer.callbacks+=tests.helpers.SignalInSetup", "--trainer.callbacks.signum", str(int(signum)))
+    result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=1), timeout=120)
+    assert result.returncode == -signum, result.stderr[-3000:]
+    assert "Stopped before the first training step: this command kept nothing." in result.stdout + result.stderr
+    assert not (tmp_path / "SeqNet-mnist").exists()
+
+
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_with_status_130(data_dir, tmp_path):
     argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "1000", max_epochs=50)

@@ -304,6 +304,9 @@ class TrainCLI(LightningCLI):
             elif isinstance(error, STOPS) and self.run is not None and not self.run.started:  # the sanity check
                 say("Stopped before the first training step: this command kept nothing. Run it again to train.")
             raise
+        finally:
+            for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
+                guard.put_back_the_handlers()
 
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:
@@ -503,9 +506,17 @@ class TrainCLI(LightningCLI):
                 remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
-        if self.trainer.world_size > 1:  # one process has no one to meet
-            settings, node_rank = self._settings_every_node_shares(), self.trainer.node_rank
-            Meeting.install(self.trainer, lambda: same_settings_everywhere(settings, node_rank))
+        guard = next(callback for callback in self.trainer.callbacks if isinstance(callback, FaultGuard))
+        if self.trainer.world_size == 1:  # one process has no one to meet
+            guard.stop_at_once_outside_the_loops(self.trainer)
+            return
+        settings, node_rank = self._settings_every_node_shares(), self.trainer.node_rank
+
+        def after_meeting() -> None:
+            guard.stop_at_once_outside_the_loops(self.trainer)
+            same_settings_everywhere(settings, node_rank)
+
+        Meeting.install(self.trainer, after_meeting)
 
     def _refuse_untrained_weights(self) -> None:
         """An evaluation without `--ckpt_path` would evaluate an untrained model: refused."""

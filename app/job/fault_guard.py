@@ -86,6 +86,9 @@ class FaultGuard(Callback):
         self.test_after_fit = False  # given by train.py: the command's last stage is the test, not the fit
         self.continue_command: Callable[[], str] = lambda: "--ckpt_path last"  # given by train.py: the whole command
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
+        self._in_the_loops = False  # a stage's loops run: a stop waits for a check, or stops an evaluation
+        self._stopping = False  # `_stop_outside_the_loops` raised: the command ends
+        self._before_the_command: dict[int, object] = {}  # the handlers `stop_at_once_outside_the_loops` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
@@ -118,22 +121,54 @@ class FaultGuard(Callback):
         _write_out_loggers(self._trainer)
         return self._what_is_kept("holds the last saved step")
 
+    def stop_at_once_outside_the_loops(self, trainer: Trainer) -> None:
+        """From the processes' meeting (a lone process: from before the stage) SIGTERM and SIGHUP stop at once, as
+        Ctrl-C does, outside a stage's loops: before the first training step a new run's folder is taken back
+        (`TrainCLI._run_subcommand`), where the signal's own action ended the process in silence, leaving the folder
+        half-written. Lightning's SIGTERM handler calls this one after `_record_stop_signal`, and puts it back after
+        each stage: it stops the test after a fit at once too. Until `put_back_the_handlers`, as the command ends."""
+        self._trainer = trainer
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # `nohup`: the run was meant to outlive the terminal
+                self._before_the_command[signum] = signal.signal(signum, self._stop_outside_the_loops)
+
+    def put_back_the_handlers(self) -> None:
+        """The signal handlers from before the command, once it has ended."""
+        for signum, handler in self._before_the_command.items():
+            signal.signal(signum, handler)
+        self._before_the_command = {}
+
     # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
     # when the signal came fails with "reentrant call").
     def _record_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
             self.stopped_at_once = True  # said in `on_exception`, outside the handler
             raise StoppedBySignal(signum)  # the second Ctrl-C: stop now, wherever this rank is
+        if self.stop_signal is None:
+            self._pass_on(signum)
+        if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
+            raise StoppedBySignal(signum)
+        self.stop_signal = self.stop_signal or signum
+
+    def _stop_outside_the_loops(self, signum: int, frame: FrameType | None) -> None:
+        if self._in_the_loops or self._stopping:  # the loops' stop is recorded; a signal again while ending: ending
+            return
+        self._stopping = True
+        if self.stop_signal is None:  # else passed on by `_record_stop_signal`, just before in Lightning's handler
+            self._pass_on(signum)
+        raise StoppedBySignal(signum)
+
+    def _pass_on(self, signum: int) -> None:
+        """SIGTERM and SIGHUP go on to the processes Lightning's launcher started from this one."""
         if signum == signal.SIGHUP and sys.stdout.isatty():  # the terminal is gone: writing to it would fail (EIO)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             os.dup2(devnull, sys.stderr.fileno())
         launcher = self._trainer.strategy.launcher  # only in the process that started the others
-        if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None and self.stop_signal is None:
+        if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None:
             launcher.kill(signum)
-        if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
-            raise StoppedBySignal(signum)
-        self.stop_signal = self.stop_signal or signum
 
     def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:
         self.requeue = True
@@ -167,6 +202,7 @@ class FaultGuard(Callback):
         saved the handlers it puts back when the stage ends, however it ends: those are the ones from before. A signal
         the process was started ignoring stays ignored: SIGHUP under `nohup`, Ctrl-C in a job a shell started with
         `&` (the run was meant to outlive the terminal)."""
+        self._in_the_loops = True
         if self._previous_handlers or threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGHUP):
@@ -289,6 +325,7 @@ class FaultGuard(Callback):
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers = {}
+        self._in_the_loops = False
         self.last_loss = None
 
 
