@@ -19,6 +19,7 @@ import pytest
 import torch.distributed as dist
 from lightning.pytorch import Trainer
 
+from app.command_line.speaking import report
 from app.job import heartbeats
 from app.job.fault_guard import FaultGuard
 from app.job.heartbeats import Heartbeats
@@ -228,3 +229,21 @@ def test_an_error_in_the_heartbeat_thread_is_said_with_its_cause_and_never_gets_
     )
     assert not failing.ended.is_set()  # the process itself goes on
     watcher.beats.stop()
+
+
+def test_a_process_that_stops_watching_after_the_stores_holder_died_says_nothing_more(capfd, monkeypatch):
+    """Node 0 killed: the others' stage fails, each stops its heartbeats and reports. Both reached the store that
+    had gone with node 0, and torch printed some 45 lines of C++ frames (a client's call to a closed store, then a
+    new client's retries) before the one line that says what happened (app/command_line/speaking.py)."""
+    holder = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    beats = Heartbeats(1, 2, LIMIT_S, client(holder), on_stall=lambda: "", end_job=lambda status: None)
+    beats.start()
+    port = holder.port
+    del holder  # the store closes with its process
+    beats.stop()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")  # the agent's store is the job's before the meeting
+    report("error: the one line")
+    said = capfd.readouterr()
+    assert said.err == "error: the one line\n" and said.out == ""

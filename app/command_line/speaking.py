@@ -14,7 +14,15 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_only
 
-from app.job.process_group import FAILED, close_process_group, have_met, report_store, reported, under_torchrun
+from app.job.process_group import (
+    FAILED,
+    close_process_group,
+    have_met,
+    report_store,
+    reported,
+    store_answers,
+    under_torchrun,
+)
 
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"
 TRACEBACK_WANTED = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
@@ -106,7 +114,7 @@ def _job_store() -> dist.Store | None:
     """The job's reports in its TCP store (None before the processes have met, where torchrun's agent does not hold
     it, or for one process)."""
     met = have_met() and dist.get_world_size() > 1
-    if not (met or under_torchrun()) or "MASTER_ADDR" not in os.environ:
+    if not (met or under_torchrun()) or not store_answers():  # gone with its process: this one speaks
         return None
     try:
         return report_store(timeout_s=2)

@@ -15,7 +15,7 @@ from contextlib import suppress
 import torch.distributed as dist
 
 from app.job.children import end_after_the_first_process
-from app.job.process_group import under_torchrun
+from app.job.process_group import store_answers, under_torchrun
 from app.job.watch import watch
 
 # What a store call raises when no answer came within the store's timeout (the store lives, its holder may not).
@@ -92,7 +92,8 @@ class Heartbeats:
         if not self.stopped.is_set():
             self.stopped.set()
             with suppress(Exception):
-                self.store.add(f"beat/{self.rank}", self.LEFT)
+                if store_answers(self.store):  # else gone with its process (global rank 0's): no one watches
+                    self.store.add(f"beat/{self.rank}", self.LEFT)
 
     def _count(self) -> None:
         ranks = range(self.world_size)

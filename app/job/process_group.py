@@ -3,6 +3,7 @@ MASTER_ADDR:MASTER_PORT where the processes meet (in global rank 0's process, or
 threads reach the store with clients of their own: training gains no collective and no wait."""
 
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -31,6 +32,26 @@ def store_client(timeout_s: float) -> dist.TCPStore:
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
+
+
+def store_answers(store: dist.Store | None = None, timeout_s: float = 1.0) -> bool:
+    """Whether the TCP store under `store` (the job's, at MASTER_ADDR:MASTER_PORT, by default) still listens: a plain
+    connection, quiet and short. A client's call to a store that has gone with its process prints torch's C++
+    warnings, some 30 frames each, and a new client retries, printing more."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    try:
+        address = (
+            (store.host, store.port)
+            if store is not None
+            else (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        )
+        with socket.create_connection(address, timeout=timeout_s):
+            return True
+    except AttributeError:  # not a TCP store (a test's): it has no process to go with
+        return True
+    except (KeyError, ValueError, OSError):
+        return False
 
 
 def report_store(timeout_s: float) -> dist.Store:

@@ -2,7 +2,6 @@
 before any process writes a file."""
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -15,7 +14,15 @@ import torch.distributed as dist
 from lightning.pytorch import Trainer
 
 from app.job.children import ctrl_c_ends_at_once
-from app.job.process_group import FAILED, have_met, report_store, reported, store_client, under_torchrun
+from app.job.process_group import (
+    FAILED,
+    have_met,
+    report_store,
+    reported,
+    store_answers,
+    store_client,
+    under_torchrun,
+)
 from app.job.watch import watch
 
 FIRST_NOTICE_S = 5  # the first "has waited" line, then one every NOTICE_EVERY_S
@@ -137,7 +144,7 @@ class ShapeCheck:
         other = "shape/1" if self.node_rank == 0 else "shape/0"
         try:
             if self.store is None:
-                if not _listening(wait_s):  # no store yet: a client would print torch's errors, and wait
+                if not store_answers(timeout_s=max(0.5, wait_s)):  # no store yet: a client would wait, printing
                     return False
                 store = store_client(timeout_s=max(1.0, wait_s))
                 store.set(f"shape/{self.node_rank}", self.shape)
@@ -167,17 +174,6 @@ class ShapeCheck:
         with suppress(Exception):
             self.store.set(self.SAID, "")
         return True
-
-
-def _listening(wait_s: float) -> bool:
-    """Whether the job's store answers at MASTER_ADDR:MASTER_PORT (global rank 0 opens it as it meets): a plain
-    connection, quiet and short."""
-    try:
-        address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-        with socket.create_connection(address, timeout=max(0.5, wait_s)):
-            return True
-    except (KeyError, ValueError, OSError):
-        return False
 
 
 def _failure_said(reports: dist.Store) -> bool:
