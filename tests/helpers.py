@@ -540,16 +540,20 @@ class CtrlCInSanityCheck(Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-class SignalInSetup(Callback):
-    """Test instrument: global rank 0 sends `signum` to its process group in the setup hook, once the logger has
-    made the run's folder and its event file, before the stage's loops."""
+class SignalAt(Callback):
+    """Test instrument: global rank 0 sends `signum` to its process group at `hook`: `setup` (once the logger has made
+    the run's folder and its event file, before the stage's loops) or `on_train_end` (after the fit's last check)."""
 
-    def __init__(self, signum: int = int(signal.SIGTERM)) -> None:
-        self.signum = signum
+    def __init__(self, hook: str = "setup", signum: int = int(signal.SIGTERM)) -> None:
+        self.hook, self.signum = hook, signum
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if trainer.global_rank == 0:
+        if self.hook == "setup" and trainer.global_rank == 0:
             assert any(Path(trainer.log_dir).iterdir()), "the run's folder holds no file yet"
+            os.killpg(os.getpgid(0), self.signum)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.hook == "on_train_end" and trainer.global_rank == 0:
             os.killpg(os.getpgid(0), self.signum)
 
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from app.main import main
@@ -171,6 +172,19 @@ def test_a_fit_without_a_test_sums_up_with_the_figure_of_the_checkpoint_it_names
     assert finished_line(fit.stdout + fit.stderr) == f"Finished: val/loss {first:.4f}"
     (best,) = (run / "checkpoints").glob("epoch=0-*.ckpt")
     assert f"Best checkpoint: {best}" in fit.stdout + fit.stderr
+
+
+def test_a_fit_monitored_by_the_training_loss_sums_up_with_its_best_score(data_dir, tmp_path):
+    """The summary names the monitor's figure whatever it is; it had none for `train/loss`."""
+    monitor = ("--checkpoint.monitor", "train/loss", "--checkpoint.mode", "min", "--trainer.log_every_n_steps", "1")
+    limits = ("--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "2")
+    argv = ("--data.data_dir", str(data_dir), "--data.dataset", "mnist", *COMMON, *limits, *monitor)
+    fit = run_in_process("fit", *argv, "--trainer.default_root_dir", str(tmp_path))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (best,) = (tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints").glob("epoch=*")
+    states = torch.load(best, weights_only=True)["callbacks"].values()
+    (score,) = {float(state["best_model_score"]) for state in states if state.get("monitor") == "train/loss"}
+    assert finished_line(fit.stdout + fit.stderr) == f"Finished: train/loss {score:.4f}"
 
 
 def test_an_evaluation_says_which_settings_differ_from_those_the_weights_were_trained_with(checkpoint, data_dir):

@@ -6,6 +6,7 @@
 - The same seed and configuration give identical results.
 """
 
+import shutil
 import signal
 from pathlib import Path
 
@@ -109,6 +110,18 @@ def test_a_run_killed_in_the_middle_of_an_epoch_resumes_from_its_checkpoint_and_
     (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 7  # of the first epoch's 20
+
+    # Continued with 8 batches a step: Lightning steps after batches 8 and 16 of the epoch and after its last, 3 steps
+    # (its one-cycle schedule was planned over 2 and failed at the last: "Tried to step 10 times").
+    copy = tmp_path / "accumulated"
+    shutil.copytree(tmp_path / "SeqNet-mnist", copy / "SeqNet-mnist")
+    more = ("--trainer.default_root_dir", str(copy), "--trainer.accumulate_grad_batches", "8", "--ckpt_path", "last")
+    accumulated = run_in_process(*argv, *more, "--trainer.max_epochs", "1")
+    assert accumulated.returncode == 0, accumulated.stderr[-3000:]
+    assert "x 8 accumulated; peak learning rate 0.05 (one-cycle); 3 optimizer steps per epoch, 10 in the run." in (
+        accumulated.stdout
+    )
+    assert torch.load(copy / last.relative_to(tmp_path), weights_only=True)["global_step"] == 10
 
     resumed = run_in_process(*argv, "--ckpt_path", "last")  # one process: it runs in this one
     assert resumed.returncode == 0, resumed.stderr[-3000:]

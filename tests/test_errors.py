@@ -594,11 +594,21 @@ def test_ctrl_c_in_the_sanity_check_stops_at_once_and_keeps_no_run(data_dir, tmp
 def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tmp_path, signum):
     """Before the fault guard's handlers (Lightning's setup, as the run's folder gets its first files), the signal's
     own action ended the processes in silence and left a half-written `version_N`."""
-    instrument = ("--trainer.callbacks+=tests.helpers.SignalInSetup", "--trainer.callbacks.signum", str(int(signum)))
+    instrument = ("--trainer.callbacks+=tests.helpers.SignalAt", "--trainer.callbacks.signum", str(int(signum)))
     result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=1), timeout=120)
     assert result.returncode == -signum, result.stderr[-3000:]
     assert "Stopped before the first training step: this command kept nothing." in result.stdout + result.stderr
     assert not (tmp_path / "SeqNet-mnist").exists()
+
+
+def test_a_stop_signal_after_the_last_check_of_the_fit_stops_the_test_after_it(data_dir, tmp_path):
+    """SIGTERM as the fit's loops end, after their last check: it was recorded for a check that never came, and the
+    test after the fit ran to its end (exit status 0)."""
+    instrument = ("--trainer.callbacks+=tests.helpers.SignalAt", "--trainer.callbacks.hook", "on_train_end")
+    result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=1), timeout=120)
+    assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Stopped in the test after training, which had finished; test " in output and "Finished" not in output
 
 
 @pytest.mark.slow

@@ -305,8 +305,7 @@ class TrainCLI(LightningCLI):
                 say("Stopped before the first training step: this command kept nothing. Run it again to train.")
             raise
         finally:
-            for guard in (callback for callback in trainer.callbacks if isinstance(callback, FaultGuard)):
-                guard.put_back_the_handlers()
+            self._fault_guard().put_back_the_handlers()
 
     @contextmanager
     def _errors_named_by_option(self) -> Iterator[None]:
@@ -506,7 +505,7 @@ class TrainCLI(LightningCLI):
                 remove_partial_files(folder)
         if self.start is not None:
             self._say_where_it_starts()
-        guard = next(callback for callback in self.trainer.callbacks if isinstance(callback, FaultGuard))
+        guard = self._fault_guard()
         if self.trainer.world_size == 1:  # one process has no one to meet
             guard.stop_at_once_outside_the_loops(self.trainer)
             return
@@ -608,6 +607,9 @@ class TrainCLI(LightningCLI):
         """The processes of this node that Lightning's launcher started from this one (`launcher.procs`)."""
         return list(getattr(self.trainer.strategy.launcher, "procs", []))
 
+    def _fault_guard(self) -> FaultGuard:
+        return next(callback for callback in self.trainer.callbacks if isinstance(callback, FaultGuard))
+
     def _prediction_writer(self) -> PredictionWriter:
         return next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
 
@@ -650,13 +652,14 @@ class TrainCLI(LightningCLI):
         elif self.test_after_fit and self.trainer.limit_test_batches == 0:
             rank_zero_info("No test: --trainer.limit_test_batches 0 runs no test batch.")
         elif self.test_after_fit:
-            if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
-                raise UserError(
-                    f"the run's best checkpoint, {best}, is not there (removed after it was saved, or on another"
-                    " node's disk): there is no test after this fit. The training is kept; test its last checkpoint"
-                    f" with: {train_py()} test --ckpt_path {self._saved_where()}"
-                )
             try:
+                if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
+                    raise UserError(
+                        f"the run's best checkpoint, {best}, is not there (removed after it was saved, or on another"
+                        " node's disk): there is no test after this fit. The training is kept; test its last"
+                        f" checkpoint with: {train_py()} test --ckpt_path {self._saved_where()}"
+                    )
+                self._fault_guard().stop_if_signalled(self.trainer)
                 self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             except STOPS:
                 if best:
@@ -669,7 +672,7 @@ class TrainCLI(LightningCLI):
                 f"Nothing left to train: the run had reached --trainer.max_epochs {self.trainer.max_epochs} (or"
                 " --trainer.max_steps). Give a larger one to train it further."
             )
-        self._print_summary(metrics, best)
+        self._print_summary(metrics, best, checkpoint.monitor)
 
     def after_predict(self) -> None:
         rank_zero_info(f"Predictions: {self._prediction_writer().written}")
@@ -679,9 +682,10 @@ class TrainCLI(LightningCLI):
 
     after_validate = after_test = after_evaluation
 
-    def _print_summary(self, metrics: dict, best_checkpoint: str = "") -> None:
+    def _print_summary(self, metrics: dict, best_checkpoint: str = "", monitor: str | None = None) -> None:
         """Rank 0 closes the command with its figures, its dashboard, and last, the folder it wrote into."""
         names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
+        names += [monitor] if monitor in metrics and monitor not in names else []  # `--checkpoint.monitor train/loss`
         lines = ["Finished: " + "  ".join(f"{name} {metrics[name].item():.4f}" for name in names)] if names else []
         if best_checkpoint:
             lines.append(f"Best checkpoint: {best_checkpoint}")

@@ -14,7 +14,7 @@ import torch
 from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.errors import UserError
@@ -114,6 +114,7 @@ class FaultGuard(Callback):
         """Where this process stands, read by the heartbeat thread: stage, loop, epoch, step, batches done."""
         state = self._trainer.state
         fn, stage = (getattr(value, "value", value) for value in (state.fn, state.stage))
+        stage = stage or ("ended" if state.status == TrainerStatus.FINISHED else None)  # the test after it may wait
         return [fn, stage, self._trainer.current_epoch, self._trainer.global_step, self.batches]
 
     def _before_stall_exit(self) -> str:
@@ -146,8 +147,7 @@ class FaultGuard(Callback):
         if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
             self.stopped_at_once = True  # said in `on_exception`, outside the handler
             raise StoppedBySignal(signum)  # the second Ctrl-C: stop now, wherever this rank is
-        if self.stop_signal is None:
-            self._pass_on(signum)
+        self._pass_on(signum)
         if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
             raise StoppedBySignal(signum)
         self.stop_signal = self.stop_signal or signum
@@ -156,18 +156,17 @@ class FaultGuard(Callback):
         if self._in_the_loops or self._stopping:  # the loops' stop is recorded; a signal again while ending: ending
             return
         self._stopping = True
-        if self.stop_signal is None:  # else passed on by `_record_stop_signal`, just before in Lightning's handler
-            self._pass_on(signum)
+        self._pass_on(signum)
         raise StoppedBySignal(signum)
 
     def _pass_on(self, signum: int) -> None:
-        """SIGTERM and SIGHUP go on to the processes Lightning's launcher started from this one."""
+        """The first SIGTERM or SIGHUP goes on to the processes Lightning's launcher started from this one."""
         if signum == signal.SIGHUP and sys.stdout.isatty():  # the terminal is gone: writing to it would fail (EIO)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             os.dup2(devnull, sys.stderr.fileno())
         launcher = self._trainer.strategy.launcher  # only in the process that started the others
-        if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None:
+        if signum in (signal.SIGTERM, signal.SIGHUP) and launcher is not None and self.stop_signal is None:
             launcher.kill(signum)
 
     def _record_requeue_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -181,6 +180,12 @@ class FaultGuard(Callback):
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """A stop signal during the sanity check stops every rank here, together (a signal may reach one node
         only): nothing is trained yet, so nothing waits for the first check."""
+        self.stop_if_signalled(trainer)
+
+    def stop_if_signalled(self, trainer: Trainer) -> None:
+        """Raise `StoppedBySignal` on every rank if a stop signal reached any (one all-reduce: every rank calls
+        this). After the sanity check, and after the fit, before the test: a signal recorded after the fit's last
+        check would otherwise let the test run to its end."""
         flag = torch.tensor([self.stop_signal or 0], dtype=torch.int32, device=trainer.strategy.root_device)
         stop_signal = int(trainer.strategy.reduce(flag, reduce_op="max").item())
         if stop_signal:

@@ -161,9 +161,12 @@ def steps_in_the_run(trainer: Trainer, batches_done: int) -> float:
         batches = min(batches, counted) if trainer.limit_train_batches not in (None, 1.0) else batches
     else:
         batches = counted
+    # Lightning steps after every `accumulated` batches of the epoch, counted from its first, and after its last
+    ends = batches_done + batches
+    this_epoch = ends // accumulated - batches_done // accumulated + (ends % accumulated != 0) if batches else 0
     per_epoch = math.ceil(trainer.num_training_batches / accumulated)
     later_epochs = (trainer.max_epochs - trainer.current_epoch - 1) * per_epoch
-    by_epochs = trainer.global_step + math.ceil(batches / accumulated) + later_epochs
+    by_epochs = trainer.global_step + this_epoch + later_epochs
     by_epochs = by_epochs if trainer.max_epochs not in (None, -1) else math.inf
     return min(by_epochs, trainer.max_steps if trainer.max_steps != -1 else math.inf)
 
