@@ -61,9 +61,15 @@ def test_another_model_is_named_once_not_by_its_arguments():
 
 
 def test_the_subcommand_and_the_checkpoint_started_from_are_compared_too():
-    line = disagreement({0: settings(), 1: {**settings(), "subcommand": "test", "starts_from": "step 16"}})
-    assert "the subcommand is fit on node 0 and test on node 1" in line
-    assert "the checkpoint of --ckpt_path is null on node 0 and step 16 on node 1" in line
+    """Alone: the options they bring with them (test's `--verbose`, the normalisation a checkpoint's weights were
+    trained with) were listed as differences of their own."""
+    node_1 = {**settings(), "subcommand": "test", "starts_from": "step 16", "verbose": True}
+    node_1["model"] = {**node_1["model"], "init_args": {**node_1["model"]["init_args"], "pixel_mean": 0.1307}}
+    assert disagreement({0: settings(), 1: node_1}) == (
+        "the nodes were started with different settings: the subcommand is fit on node 0 and test on node 1; the"
+        " checkpoint of --ckpt_path is null on node 0 and step 16 on node 1. Start every node with the same command"
+        " line."
+    )
 
 
 def test_paths_loading_workers_and_the_launchers_shape_may_differ_per_node():

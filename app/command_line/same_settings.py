@@ -68,6 +68,8 @@ def disagreement(settings_of: dict[int, dict[str, Any]], who: str = "node") -> s
     for name in names[1:]:
         for change in differences(first, settings_of[name]):
             values.setdefault(change.option, {names[0]: change.before})[name] = change.after
+    if values.keys() & {f"--{COMMAND}", f"--{STARTS_FROM}"}:  # they change other settings with them: said alone
+        values = {option: differing for option, differing in values.items() if option in SAID_AS}
     said = []
     for option, differing in values.items():
         value_of = {name: differing.get(name, differing[names[0]]) for name in names}  # the others agree with the first
