@@ -541,8 +541,9 @@ class CtrlCInSanityCheck(Callback):
 
 
 class SignalAt(Callback):
-    """Test instrument: global rank 0 sends `signum` to its process group at `hook`: `setup` (once the logger has made
-    the run's folder and its event file, before the stage's loops) or `on_train_end` (after the fit's last check)."""
+    """Test instrument: at `hook`, global rank 0 sends `signum` to its process group: `setup` (once the logger has
+    made the run's folder and its event file, before the stage's loops); or global rank 1 to itself alone:
+    `on_train_end` (after the fit's last check)."""
 
     def __init__(self, hook: str = "setup", signum: int = int(signal.SIGTERM)) -> None:
         self.hook, self.signum = hook, signum
@@ -553,8 +554,8 @@ class SignalAt(Callback):
             os.killpg(os.getpgid(0), self.signum)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.hook == "on_train_end" and trainer.global_rank == 0:
-            os.killpg(os.getpgid(0), self.signum)
+        if self.hook == "on_train_end" and trainer.global_rank == 1:
+            os.kill(os.getpid(), self.signum)
 
 
 class SigtermWhileOthersWait(Callback):

@@ -602,10 +602,10 @@ def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tm
 
 
 def test_a_stop_signal_after_the_last_check_of_the_fit_stops_the_test_after_it(data_dir, tmp_path):
-    """SIGTERM as the fit's loops end, after their last check: it was recorded for a check that never came, and the
-    test after the fit ran to its end (exit status 0)."""
+    """SIGTERM to rank 1 alone as the fit's loops end, after their last check: it was recorded for a check that never
+    came, and the test after the fit ran to its end (exit status 0). Every rank stops as the test starts."""
     instrument = ("--trainer.callbacks+=tests.helpers.SignalAt", "--trainer.callbacks.hook", "on_train_end")
-    result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=1), timeout=120)
+    result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=2), timeout=120)
     assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "Stopped in the test after training, which had finished; test " in output and "Finished" not in output

@@ -236,7 +236,8 @@ def test_a_process_that_stops_watching_after_the_stores_holder_died_says_nothing
     had gone with node 0, and torch printed some 45 lines of C++ frames (a client's call to a closed store, then a
     new client's retries) before the one line that says what happened (app/command_line/speaking.py)."""
     holder = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
-    beats = Heartbeats(1, 2, LIMIT_S, client(holder), on_stall=lambda: "", end_job=lambda status: None)
+    # A limit of 100 s: the thread's next beat is 10 s away, no call of its own meets the store that has gone
+    beats = Heartbeats(1, 2, 100, client(holder), on_stall=lambda: "", end_job=lambda status: None)
     beats.start()
     port = holder.port
     del holder  # the store closes with its process

@@ -188,6 +188,15 @@ def test_a_run_continued_with_another_batch_size_says_how_many_steps_it_will_tak
     assert last_checkpoint(run)["global_step"] == 30
 
 
+def test_a_run_of_one_batch_an_epoch_says_so(data_dir, tmp_path):
+    """`--trainer.limit_train_batches 1` is one batch (1.0 would be all of them): the start said 21 in the run."""
+    args = ("--trainer.limit_train_batches", "1", "--trainer.max_epochs", "2", "--model.one_cycle", "false")
+    result = run_in_process("fit", *one_process(data_dir, tmp_path, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "; 1 optimizer steps per epoch, 2 in the run." in result.stdout
+    assert last_checkpoint(tmp_path / "SeqNet-mnist" / "version_0")["global_step"] == 2
+
+
 @pytest.mark.parametrize("named", ["moved, relative", "a link to it", "moved to another version"])
 def test_a_run_named_by_another_spelling_of_its_folder_keeps_its_best_checkpoint(
     data_dir, tmp_path, adadelta_run, monkeypatch, named

@@ -87,15 +87,14 @@ def test_a_slow_validation_on_one_rank_is_not_taken_for_a_stall(data_dir, tmp_pa
 
 
 def test_processes_that_no_longer_meet_in_the_same_collective_are_named_and_the_job_ends(data_dir, tmp_path):
-    """Rank 1 trains a second epoch while rank 0 has ended the fit (and waits to agree on the test after it): both
-    alive, both waiting for ever."""
+    """Rank 1 trains a second epoch while rank 0 has gone on to the test: both alive, both waiting for ever."""
     more = ("--trainer.callbacks+=tests.helpers.MoreEpochsOnRank", "--trainer.callbacks.rank", "1")
     started = time.monotonic()
     result = run_train(*argv(data_dir, tmp_path, *more, *STALL_TIMEOUT), "--trainer.max_epochs", "1", timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     (named,) = [line for line in output.splitlines() if line.startswith("The processes of the job wait")]
-    assert re.search(r"global rank 0 \(pid \d+ on .+\) is in fit \(ended\), epoch 1, step 10;", named), named
+    assert re.search(r"global rank 0 \(pid \d+ on .+\) is in test, epoch 1, step 10;", named), named
     assert re.search(r"global rank 1 \(pid \d+ on .+\) is in fit \(train\), epoch 1, step 1[01]\.$", named), named
     errors = [line for line in output.splitlines() if line.startswith("error")]
     assert errors[0].startswith("error: the processes of the job no longer meet in the same collective"), errors

@@ -652,14 +652,13 @@ class TrainCLI(LightningCLI):
         elif self.test_after_fit and self.trainer.limit_test_batches == 0:
             rank_zero_info("No test: --trainer.limit_test_batches 0 runs no test batch.")
         elif self.test_after_fit:
+            if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
+                raise UserError(
+                    f"the run's best checkpoint, {best}, is not there (removed after it was saved, or on another"
+                    " node's disk): there is no test after this fit. The training is kept; test its last checkpoint"
+                    f" with: {train_py()} test --ckpt_path {self._saved_where()}"
+                )
             try:
-                if best and not Path(best).is_file():  # every rank reads it (a folder every node shares)
-                    raise UserError(
-                        f"the run's best checkpoint, {best}, is not there (removed after it was saved, or on another"
-                        " node's disk): there is no test after this fit. The training is kept; test its last"
-                        f" checkpoint with: {train_py()} test --ckpt_path {self._saved_where()}"
-                    )
-                self._fault_guard().stop_if_signalled(self.trainer)
                 self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             except STOPS:
                 if best:

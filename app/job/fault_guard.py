@@ -14,7 +14,7 @@ import torch
 from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveInt
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.errors import UserError
@@ -60,9 +60,10 @@ class FaultGuard(Callback):
     check all-reduces the flags. After SIGUSR1 every rank runs Lightning's requeue there; after another stop signal
     every rank saves `last.ckpt` there (the loader's position with it: `datamodules/sampler.py`) and raises
     `StoppedBySignal`: `--ckpt_path last` continues from the next sample. A second Ctrl-C stops at once, as does a
-    stop outside fit (nothing to keep) or before it (`app/job/rendezvous.py`). A loss that became NaN or infinite
-    on any rank raises `TrainingDiverged` at the check, before `last.ckpt` would hold the diverged weights; the loss
-    stays on its device until then.
+    stop in an evaluation (nothing to keep), outside the loops (`stop_at_once_outside_the_loops`) or while the
+    processes meet (`app/job/rendezvous.py`); the test after a fit agrees on a stop as it starts. A loss that became
+    NaN or infinite on any rank raises `TrainingDiverged` at the check, before `last.ckpt` would hold the diverged
+    weights; the loss stays on its device until then.
     """
 
     def __init__(
@@ -88,7 +89,10 @@ class FaultGuard(Callback):
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
         self._in_the_loops = False  # a stage's loops run: a stop waits for a check, or stops an evaluation
         self._stopping = False  # `_stop_outside_the_loops` raised: the command ends
-        self._before_the_command: dict[int, object] = {}  # the handlers `stop_at_once_outside_the_loops` replaced
+        self._test_to_come = False  # the fit ended well, its test is next: a stop waits for the test's start
+        self._handlers_before_the_command: dict[
+            int, object
+        ] = {}  # the handlers `stop_at_once_outside_the_loops` replaced
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
@@ -114,7 +118,6 @@ class FaultGuard(Callback):
         """Where this process stands, read by the heartbeat thread: stage, loop, epoch, step, batches done."""
         state = self._trainer.state
         fn, stage = (getattr(value, "value", value) for value in (state.fn, state.stage))
-        stage = stage or ("ended" if state.status == TrainerStatus.FINISHED else None)  # the test after it may wait
         return [fn, stage, self._trainer.current_epoch, self._trainer.global_step, self.batches]
 
     def _before_stall_exit(self) -> str:
@@ -133,13 +136,13 @@ class FaultGuard(Callback):
             return
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:  # `nohup`: the run was meant to outlive the terminal
-                self._before_the_command[signum] = signal.signal(signum, self._stop_outside_the_loops)
+                self._handlers_before_the_command[signum] = signal.signal(signum, self._stop_outside_the_loops)
 
     def put_back_the_handlers(self) -> None:
         """The signal handlers from before the command, once it has ended."""
-        for signum, handler in self._before_the_command.items():
+        for signum, handler in self._handlers_before_the_command.items():
             signal.signal(signum, handler)
-        self._before_the_command = {}
+        self._handlers_before_the_command = {}
 
     # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
     # when the signal came fails with "reentrant call").
@@ -154,6 +157,10 @@ class FaultGuard(Callback):
 
     def _stop_outside_the_loops(self, signum: int, frame: FrameType | None) -> None:
         if self._in_the_loops or self._stopping:  # the loops' stop is recorded; a signal again while ending: ending
+            return
+        if self._test_to_come:  # every rank agrees on it as the test starts (`on_test_start`)
+            self._pass_on(signum)
+            self.stop_signal = self.stop_signal or signum
             return
         self._stopping = True
         self._pass_on(signum)
@@ -173,9 +180,18 @@ class FaultGuard(Callback):
         self.requeue = True
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._in_the_loops = True
         self._catch_stop_signals()
 
-    on_validation_start = on_test_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
+    on_validation_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The test after a fit: a stop signal since the fit's last check (recorded, in its loops or after them)
+        stops it here, on every rank together, where it would have run to its end."""
+        self.on_sanity_check_start(trainer, pl_module)
+        if self._test_to_come:
+            self._test_to_come = False
+            self.stop_if_signalled(trainer)
 
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """A stop signal during the sanity check stops every rank here, together (a signal may reach one node
@@ -184,8 +200,7 @@ class FaultGuard(Callback):
 
     def stop_if_signalled(self, trainer: Trainer) -> None:
         """Raise `StoppedBySignal` on every rank if a stop signal reached any (one all-reduce: every rank calls
-        this). After the sanity check, and after the fit, before the test: a signal recorded after the fit's last
-        check would otherwise let the test run to its end."""
+        this)."""
         flag = torch.tensor([self.stop_signal or 0], dtype=torch.int32, device=trainer.strategy.root_device)
         stop_signal = int(trainer.strategy.reduce(flag, reduce_op="max").item())
         if stop_signal:
@@ -199,6 +214,7 @@ class FaultGuard(Callback):
             trainer.save_checkpoint(path, weights_only=False)
         self.saved_at = time.monotonic()  # `checkpoint_every_s` counts training time, from here
         self.step_seen = trainer.global_step  # a continued run's first check comes after its first step
+        self._in_the_loops = True
         self._catch_stop_signals()
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
@@ -207,7 +223,6 @@ class FaultGuard(Callback):
         saved the handlers it puts back when the stage ends, however it ends: those are the ones from before. A signal
         the process was started ignoring stays ignored: SIGHUP under `nohup`, Ctrl-C in a job a shell started with
         `&` (the run was meant to outlive the terminal)."""
-        self._in_the_loops = True
         if self._previous_handlers or threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGHUP):
@@ -308,6 +323,7 @@ class FaultGuard(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._put_back(trainer)
+        self._test_to_come = stage == TrainerFn.FITTING and self.test_after_fit
         if not (stage == TrainerFn.FITTING and self.test_after_fit):
             self.stop_heartbeats()  # the command's work is done here: the others stop watching this process
 

@@ -158,7 +158,8 @@ def steps_in_the_run(trainer: Trainer, batches_done: int) -> float:
     counted = trainer.num_training_batches - batches_done  # as Lightning counts the batches of the epoch
     if hasattr(loader.sampler, "indices_in_pass"):
         batches = math.ceil(loader.sampler.indices_in_pass() / loader.batch_size)
-        batches = min(batches, counted) if trainer.limit_train_batches not in (None, 1.0) else batches
+        whole = isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches == 1.0  # 1: one batch
+        batches = batches if whole else min(batches, counted)
     else:
         batches = counted
     # Lightning steps after every `accumulated` batches of the epoch, counted from its first, and after its last
