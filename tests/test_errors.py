@@ -590,6 +590,7 @@ def test_ctrl_c_in_the_sanity_check_stops_at_once_and_keeps_no_run(data_dir, tmp
     assert not (tmp_path / "SeqNet-mnist").exists()  # the run, and the folder made to hold it, taken back
 
 
+@pytest.mark.slow  # real processes: the newest environment only (CI's time)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tmp_path, signum):
     """Before the fault guard's handlers (Lightning's setup, as the run's folder gets its first files), the signal's
@@ -601,6 +602,7 @@ def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tm
     assert not (tmp_path / "SeqNet-mnist").exists()
 
 
+@pytest.mark.slow  # real processes: the newest environment only (CI's time)
 def test_a_stop_signal_after_the_last_check_of_the_fit_stops_the_test_after_it(data_dir, tmp_path):
     """SIGTERM to rank 1 alone as the fit's loops end, after their last check: it was recorded for a check that never
     came, and the test after the fit ran to its end (exit status 0). Every rank stops as the test starts."""
