@@ -541,21 +541,28 @@ class CtrlCInSanityCheck(Callback):
 
 
 class SignalAt(Callback):
-    """Test instrument: at `hook`, global rank 0 sends `signum` to its process group: `setup` (once the logger has
-    made the run's folder and its event file, before the stage's loops); or global rank 1 to itself alone:
-    `on_train_end` (after the fit's last check)."""
+    """Test instrument: at `hook`, global rank 0 sends `signum` to its process group, or with `alone` global rank 1 to
+    itself alone: `setup` (once the logger has made the run's folder and its event file, before the stage's loops)
+    or `on_train_end` (after the fit's last check)."""
 
-    def __init__(self, hook: str = "setup", signum: int = int(signal.SIGTERM)) -> None:
-        self.hook, self.signum = hook, signum
+    def __init__(self, hook: str = "setup", signum: int = int(signal.SIGTERM), alone: bool = False) -> None:
+        self.hook, self.signum, self.alone = hook, signum, alone
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self.hook == "setup" and trainer.global_rank == 0:
-            assert any(Path(trainer.log_dir).iterdir()), "the run's folder holds no file yet"
-            os.killpg(os.getpgid(0), self.signum)
+        if self.hook == "setup":
+            log_dir = Path(trainer.log_dir)  # a broadcast from rank 0: on every rank
+            assert trainer.global_rank != 0 or any(log_dir.iterdir()), "the run's folder holds no file yet"
+            self._send(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.hook == "on_train_end" and trainer.global_rank == 1:
+        if self.hook == "on_train_end":
+            self._send(trainer)
+
+    def _send(self, trainer: Trainer) -> None:
+        if self.alone and trainer.global_rank == 1:
             os.kill(os.getpid(), self.signum)
+        elif not self.alone and trainer.global_rank == 0:
+            os.killpg(os.getpgid(0), self.signum)
 
 
 class SigtermWhileOthersWait(Callback):

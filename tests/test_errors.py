@@ -591,12 +591,17 @@ def test_ctrl_c_in_the_sanity_check_stops_at_once_and_keeps_no_run(data_dir, tmp
 
 
 @pytest.mark.slow  # real processes: the newest environment only (CI's time)
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tmp_path, signum):
+@pytest.mark.parametrize(
+    ("signum", "alone", "devices"),
+    [(signal.SIGHUP, "false", 1), (signal.SIGTERM, "true", 2)],
+    ids=["SIGHUP to the process", "SIGTERM to rank 1 alone"],
+)
+def test_a_stop_signal_before_the_first_step_takes_the_new_run_back(data_dir, tmp_path, signum, alone, devices):
     """Before the fault guard's handlers (Lightning's setup, as the run's folder gets its first files), the signal's
-    own action ended the processes in silence and left a half-written `version_N`."""
+    own action ended the processes in silence and left a half-written `version_N`. Every rank stops together."""
     instrument = ("--trainer.callbacks+=tests.helpers.SignalAt", "--trainer.callbacks.signum", str(int(signum)))
-    result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=1), timeout=120)
+    instrument += ("--trainer.callbacks.alone", alone)
+    result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=devices), timeout=120)
     assert result.returncode == -signum, result.stderr[-3000:]
     assert "Stopped before the first training step: this command kept nothing." in result.stdout + result.stderr
     assert not (tmp_path / "SeqNet-mnist").exists()
@@ -607,6 +612,7 @@ def test_a_stop_signal_after_the_last_check_of_the_fit_stops_the_test_after_it(d
     """SIGTERM to rank 1 alone as the fit's loops end, after their last check: it was recorded for a check that never
     came, and the test after the fit ran to its end (exit status 0). Every rank stops as the test starts."""
     instrument = ("--trainer.callbacks+=tests.helpers.SignalAt", "--trainer.callbacks.hook", "on_train_end")
+    instrument += ("--trainer.callbacks.alone", "true")
     result = run_train(*one_run(data_dir, tmp_path, *instrument, devices=2), timeout=120)
     assert result.returncode == -signal.SIGTERM, result.stderr[-3000:]
     output = result.stdout + result.stderr

@@ -60,10 +60,10 @@ class FaultGuard(Callback):
     check all-reduces the flags. After SIGUSR1 every rank runs Lightning's requeue there; after another stop signal
     every rank saves `last.ckpt` there (the loader's position with it: `datamodules/sampler.py`) and raises
     `StoppedBySignal`: `--ckpt_path last` continues from the next sample. A second Ctrl-C stops at once, as does a
-    stop in an evaluation (nothing to keep), outside the loops (`stop_at_once_outside_the_loops`) or while the
-    processes meet (`app/job/rendezvous.py`); the test after a fit agrees on a stop as it starts. A loss that became
-    NaN or infinite on any rank raises `TrainingDiverged` at the check, before `last.ckpt` would hold the diverged
-    weights; the loss stays on its device until then.
+    stop in an evaluation (nothing to keep), or while the processes meet (`app/job/rendezvous.py`); one before the
+    loops stops every rank as they start (`catch_stops_outside_the_loops`). A loss that became NaN or infinite on any
+    rank raises `TrainingDiverged` at the check, before `last.ckpt` would hold the diverged weights; the loss stays
+    on its device until then.
     """
 
     def __init__(
@@ -89,10 +89,8 @@ class FaultGuard(Callback):
         self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
         self._in_the_loops = False  # a stage's loops run: a stop waits for a check, or stops an evaluation
         self._stopping = False  # `_stop_outside_the_loops` raised: the command ends
-        self._test_to_come = False  # the fit ended well, its test is next: a stop waits for the test's start
-        self._handlers_before_the_command: dict[
-            int, object
-        ] = {}  # the handlers `stop_at_once_outside_the_loops` replaced
+        self._agree_at_the_start = False  # a stop signal before the stage's loops waits for their start
+        self._handlers_before_the_command: dict[int, object] = {}  # `catch_stops_outside_the_loops` replaced them
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
@@ -125,13 +123,16 @@ class FaultGuard(Callback):
         _write_out_loggers(self._trainer)
         return self._what_is_kept("holds the last saved step")
 
-    def stop_at_once_outside_the_loops(self, trainer: Trainer) -> None:
-        """From the processes' meeting (a lone process: from before the stage) SIGTERM and SIGHUP stop at once, as
-        Ctrl-C does, outside a stage's loops: before the first training step a new run's folder is taken back
-        (`TrainCLI._run_subcommand`), where the signal's own action ended the process in silence, leaving the folder
-        half-written. Lightning's SIGTERM handler calls this one after `_record_stop_signal`, and puts it back after
-        each stage: it stops the test after a fit at once too. Until `put_back_the_handlers`, as the command ends."""
+    def catch_stops_outside_the_loops(self, trainer: Trainer) -> None:
+        """From the processes' meeting (a lone process: from before the stage) to the command's end, SIGTERM and
+        SIGHUP outside a stage's loops stop the command, where their own action ended the process in silence, leaving
+        a new run's folder half-written. Before the loops of the command's stage (or of the test after a fit), the
+        signal is recorded, and every rank stops as the loops start (`_enter_the_loops`), also where it reached one
+        rank only: a new run's folder is then taken back (`TrainCLI._run_subcommand`). After them, it stops at once.
+        Lightning's SIGTERM handler calls this one after `_record_stop_signal`, and puts it back after each stage; the
+        handlers from before go back with `put_back_the_handlers`."""
         self._trainer = trainer
+        self._agree_at_the_start = True
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -151,19 +152,18 @@ class FaultGuard(Callback):
             self.stopped_at_once = True  # said in `on_exception`, outside the handler
             raise StoppedBySignal(signum)  # the second Ctrl-C: stop now, wherever this rank is
         self._pass_on(signum)
-        if self._trainer.state.fn != TrainerFn.FITTING:  # validate, test, predict: nothing to keep, stop now
+        if self._trainer.state.fn != TrainerFn.FITTING and self._in_the_loops:  # an evaluation keeps nothing: now
             raise StoppedBySignal(signum)
         self.stop_signal = self.stop_signal or signum
 
     def _stop_outside_the_loops(self, signum: int, frame: FrameType | None) -> None:
         if self._in_the_loops or self._stopping:  # the loops' stop is recorded; a signal again while ending: ending
             return
-        if self._test_to_come:  # every rank agrees on it as the test starts (`on_test_start`)
-            self._pass_on(signum)
+        self._pass_on(signum)
+        if self._agree_at_the_start:
             self.stop_signal = self.stop_signal or signum
             return
         self._stopping = True
-        self._pass_on(signum)
         raise StoppedBySignal(signum)
 
     def _pass_on(self, signum: int) -> None:
@@ -180,17 +180,17 @@ class FaultGuard(Callback):
         self.requeue = True
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._enter_the_loops(trainer)
+
+    on_validation_start = on_test_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
+
+    def _enter_the_loops(self, trainer: Trainer) -> None:
+        """A stop signal recorded before the stage's loops (`catch_stops_outside_the_loops`) stops every rank here,
+        together; in them, a stop waits for a check, or stops an evaluation at once."""
         self._in_the_loops = True
         self._catch_stop_signals()
-
-    on_validation_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
-
-    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """The test after a fit: a stop signal since the fit's last check (recorded, in its loops or after them)
-        stops it here, on every rank together, where it would have run to its end."""
-        self.on_sanity_check_start(trainer, pl_module)
-        if self._test_to_come:
-            self._test_to_come = False
+        if self._agree_at_the_start:
+            self._agree_at_the_start = False
             self.stop_if_signalled(trainer)
 
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -207,6 +207,7 @@ class FaultGuard(Callback):
             raise StoppedBySignal(stop_signal)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._enter_the_loops(trainer)
         path = last_checkpoint_path(trainer)
         if self.checkpoint_every_s is not None and trainer.global_step == 0 and path is not None:
             # A new run's weights before its first step: a process lost before the first interval is over then
@@ -214,8 +215,6 @@ class FaultGuard(Callback):
             trainer.save_checkpoint(path, weights_only=False)
         self.saved_at = time.monotonic()  # `checkpoint_every_s` counts training time, from here
         self.step_seen = trainer.global_step  # a continued run's first check comes after its first step
-        self._in_the_loops = True
-        self._catch_stop_signals()
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
     def _catch_stop_signals(self) -> None:
@@ -323,7 +322,7 @@ class FaultGuard(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._put_back(trainer)
-        self._test_to_come = stage == TrainerFn.FITTING and self.test_after_fit
+        self._agree_at_the_start = stage == TrainerFn.FITTING and self.test_after_fit  # the test's
         if not (stage == TrainerFn.FITTING and self.test_after_fit):
             self.stop_heartbeats()  # the command's work is done here: the others stop watching this process
 
