@@ -322,8 +322,9 @@ class FaultGuard(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._put_back(trainer)
-        self._agree_at_the_start = stage == TrainerFn.FITTING and self.test_after_fit  # the test's
-        if not (stage == TrainerFn.FITTING and self.test_after_fit):
+        test_follows = stage == TrainerFn.FITTING and self.test_after_fit
+        self._agree_at_the_start = test_follows  # a stop before the test's loops waits for their start
+        if not test_follows:
             self.stop_heartbeats()  # the command's work is done here: the others stop watching this process
 
     def _what_is_kept(self, holds: str) -> str:
