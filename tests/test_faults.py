@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 
+from app.job.fault_guard import FaultGuard, StoppedBySignal
 from tests.conftest import TRAIN_SIZE
 from tests.helpers import SMALL_RUN, max_difference, run_command, run_in_process, run_train, scalars, small_run
 
@@ -241,3 +244,25 @@ def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_last_checkpoint(data
     resumed = run_in_process("fit", *args[: -len(fill) or None], "--ckpt_path", "last", "--trainer.max_epochs", "1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]
+
+
+def test_a_fault_guard_in_a_trainer_of_ones_own_stops_at_its_check_and_leaves_the_handlers_as_they_were(tmp_path):
+    """Without train.py's command, which catches the stop signals from the meeting to its end (`catch_stop_signals`),
+    the guard catches them for the stage alone: recorded, acted on at the check, and the handlers put back."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    class SigtermAfterTheFirstStep(Callback):
+        def on_train_batch_end(self, trainer: Trainer, *args) -> None:
+            if trainer.global_step == 1:
+                assert callable(signal.getsignal(signal.SIGTERM))  # else its default action would end pytest
+                signal.raise_signal(signal.SIGTERM)
+
+    trainer = Trainer(
+        accelerator="cpu", devices=1, max_steps=6, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=[SigtermAfterTheFirstStep(), FaultGuard(every_n_steps=2)],
+    )  # fmt: skip
+    with pytest.raises(StoppedBySignal):
+        trainer.fit(BoringModel())
+    assert trainer.global_step == 2  # recorded after step 1, acted on at the check after step 2
+    assert {signum: signal.getsignal(signum) for signum in before} == before

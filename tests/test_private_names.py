@@ -9,7 +9,8 @@ naming a rejected value's option.
 
 The names, and where this program uses them:
 - `Trainer._signal_connector`, `_SignalConnector._sigterm_notifier_fn`, `_SignalConnector._slurm_sigusr_handler_fn`,
-  `_TrainingEpochLoop._broadcast_sigterm_tensor`: app/job/fault_guard.py
+  `_TrainingEpochLoop._broadcast_sigterm_tensor`, and that the connector's SIGTERM handler calls the handler in place
+  before it: app/job/fault_guard.py
 - `_FitLoop._combined_loader`: app/run/replan.py
 - `torch.distributed.distributed_c10d._get_default_store`: app/command_line/speaking.py
 - `LightningCLI._subcommand_parsers`, `._parse_ckpt_path`, `._instantiate_trainer`, `._run_subcommand`:
@@ -183,25 +184,36 @@ def raise_signal_during(trainer: Trainer, signum: int) -> None:
 
 def test_the_signal_connector_installs_the_handlers_put_in_its_attributes_before_training(tmp_path):
     # app/job/fault_guard.py, FaultGuard.setup: `trainer._signal_connector._sigterm_notifier_fn` and
-    # `._slurm_sigusr_handler_fn` are given FaultGuard's own handlers in the `setup` hook; Lightning installs what they
-    # hold as the SIGTERM and (under SLURM with auto-requeue) SIGUSR1 handlers after `setup`, in place of its own,
-    # which run collectives inside the handler.
+    # `._slurm_sigusr_handler_fn` are given FaultGuard's own in the `setup` hook; Lightning installs what they hold as
+    # the SIGTERM and (under SLURM with auto-requeue) SIGUSR1 handlers after `setup`, in place of its own, which run
+    # collectives inside the handler. Its SIGTERM handler calls the one in place before (FaultGuard's, installed in
+    # `setup`) after the notifier, and puts it back when the stage ends.
     received = []
+
+    def stop(signum, frame) -> None:
+        received.append(("stop", signum))
 
     class Guard(Callback):
         def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-            trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: received.append(("stop", signum))
+            trainer._signal_connector._sigterm_notifier_fn = lambda signum, frame: received.append(("notifier", signum))
             trainer._signal_connector._slurm_sigusr_handler_fn = lambda signum, frame: received.append(
                 ("requeue", signum)
             )
+            signal.signal(signal.SIGTERM, stop)
 
         def on_train_batch_end(self, trainer: Trainer, *args) -> None:
             raise_signal(signal.SIGTERM)
             raise_signal(signal.SIGUSR1)
 
-    trainer = tiny_trainer(tmp_path, plugins=[SLURMEnvironment(auto_requeue=True)], callbacks=[Guard()])
-    trainer.fit(TinyModel())
-    assert received == [("stop", signal.SIGTERM), ("requeue", signal.SIGUSR1)], "Trainer._signal_connector handlers"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        trainer = tiny_trainer(tmp_path, plugins=[SLURMEnvironment(auto_requeue=True)], callbacks=[Guard()])
+        trainer.fit(TinyModel())
+        assert signal.getsignal(signal.SIGTERM) is stop, "Lightning did not put the handler from before back"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    expected = [("notifier", signal.SIGTERM), ("stop", signal.SIGTERM), ("requeue", signal.SIGUSR1)]
+    assert received == expected, "Trainer._signal_connector handlers"
     assert not trainer.received_sigterm, "Lightning's own SIGTERM handler ran beside FaultGuard's"
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, "Lightning did not put the handler from before back"
 

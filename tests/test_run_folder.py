@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +20,7 @@ from app.errors import UserError
 from app.invocation import train_py
 from app.run.continuation import changes_between
 from app.run.folder import RunFolder, read_record, write_record
-from tests.helpers import REPO, Run, TrainJob, run_in_process, run_train, small_run
+from tests.helpers import Run, TrainJob, run_in_process, run_train, small_run
 
 TINY = ("--model", "tests.tiny_net.TinyNet")  # a model with a setting of its own: --model.width (real runs only)
 
@@ -70,16 +68,21 @@ def test_runs_that_claim_a_folder_at_the_same_moment_get_one_each(tmp_path):
     assert names == sorted(f"version_{n}" for n in range(8))
 
 
+def _hold(run: str, held: multiprocessing.Event, done: multiprocessing.Event) -> None:
+    RunFolder(None, Path(run)).take()
+    held.set()
+    done.wait(60)
+
+
 def test_a_run_held_by_another_process_is_refused_until_that_process_ends(tmp_path):
     run = tmp_path / "version_0"
     run.mkdir()
-    hold = f"from pathlib import Path; from app.run.folder import RunFolder; RunFolder(None, Path({str(run)!r})).take()"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"{hold}; print('held', flush=True); input()"],
-        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    context = multiprocessing.get_context("fork")  # a second process holding the run, without an interpreter's start
+    held, done = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(run), held, done))
+    holder.start()
     try:
-        assert holder.stdout.readline() == "held\n"
+        assert held.wait(30), "the other process did not take the run"
         with pytest.raises(UserError) as refused:
             RunFolder(tmp_path, run).take()
         assert str(refused.value) == (
@@ -87,8 +90,9 @@ def test_a_run_held_by_another_process_is_refused_until_that_process_ends(tmp_pa
             " start a new run."
         )
     finally:
+        done.set()
+        holder.join(30)
         holder.kill()
-        holder.wait()
     RunFolder(tmp_path, run).take()  # the lock went with the process that held it
 
 

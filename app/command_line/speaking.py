@@ -16,9 +16,10 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from app.job.process_group import (
     FAILED,
+    REPORTS,
     close_process_group,
     have_met,
-    report_store,
+    job_store,
     reported,
     store_answers,
     under_torchrun,
@@ -117,7 +118,7 @@ def _job_store() -> dist.Store | None:
     if not (met or under_torchrun()) or not store_answers():  # gone with its process: this one speaks
         return None
     try:
-        return report_store(timeout_s=2)
+        return job_store(REPORTS, timeout_s=2)
     except Exception:  # noqa: BLE001 (the store has gone already)
         return None
 

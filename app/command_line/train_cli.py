@@ -507,12 +507,12 @@ class TrainCLI(LightningCLI):
             self._say_where_it_starts()
         guard = self._fault_guard()
         if self.trainer.world_size == 1:  # one process has no one to meet
-            guard.catch_stops_outside_the_loops(self.trainer)
+            guard.catch_stop_signals(self.trainer)
             return
         settings, node_rank = self._settings_every_node_shares(), self.trainer.node_rank
 
         def after_meeting() -> None:
-            guard.catch_stops_outside_the_loops(self.trainer)
+            guard.catch_stop_signals(self.trainer)
             same_settings_everywhere(settings, node_rank)
 
         Meeting.install(self.trainer, after_meeting)

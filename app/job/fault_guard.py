@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.errors import UserError
 from app.job.heartbeats import Heartbeats
-from app.job.process_group import have_met, store_client
+from app.job.process_group import have_met, job_store
 from app.say import say
 
 
@@ -61,7 +61,7 @@ class FaultGuard(Callback):
     every rank saves `last.ckpt` there (the loader's position with it: `datamodules/sampler.py`) and raises
     `StoppedBySignal`: `--ckpt_path last` continues from the next sample. A second Ctrl-C stops at once, as does a
     stop in an evaluation (nothing to keep), or while the processes meet (`app/job/rendezvous.py`); one before the
-    loops stops every rank as they start (`catch_stops_outside_the_loops`). A loss that became NaN or infinite on any
+    loops stops every rank as they start (`catch_stop_signals`). A loss that became NaN or infinite on any
     rank raises `TrainingDiverged` at the check, before `last.ckpt` would hold the diverged weights; the loss stays
     on its device until then.
     """
@@ -86,17 +86,20 @@ class FaultGuard(Callback):
         self.step_seen = 0  # the optimizer steps as of the last training batch
         self.test_after_fit = False  # given by train.py: the command's last stage is the test, not the fit
         self.continue_command: Callable[[], str] = lambda: "--ckpt_path last"  # given by train.py: the whole command
-        self._previous_handlers: dict[int, object] = {}  # the handlers `_catch_stop_signals` replaced
         self._in_the_loops = False  # a stage's loops run: a stop waits for a check, or stops an evaluation
-        self._stopping = False  # `_stop_outside_the_loops` raised: the command ends
+        self._stopping = False  # `_on_stop_signal` raised: the command ends
         self._agree_at_the_start = False  # a stop signal before the stage's loops waits for their start
-        self._handlers_before_the_command: dict[int, object] = {}  # `catch_stops_outside_the_loops` replaced them
+        self._handlers_before: dict[int, object] = {}  # those `catch_stop_signals` replaced, for the command
+        self._handlers_before_the_loops: dict[int, object] = {}  # those `_enter_the_loops` replaced, for a stage
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Lightning installs its handlers after `setup`, from the connector's attributes: these take their place.
-        trainer._signal_connector._sigterm_notifier_fn = self._record_stop_signal
+        # Lightning installs its handlers after `setup`, from the connector's attributes. Its SIGTERM handler calls
+        # its own (which broadcasts from the handler), then the one in place: where that is this guard's
+        # (`catch_stop_signals`), its own does nothing; else its own is this guard's.
+        caught = signal.SIGTERM in self._handlers_before
+        trainer._signal_connector._sigterm_notifier_fn = _do_nothing if caught else self._on_stop_signal
         trainer._signal_connector._slurm_sigusr_handler_fn = self._record_requeue_signal
-        self._trainer = trainer
+        self._trainer, self._agree_at_the_start = trainer, True  # a stop before the loops waits for their start
         self._start_heartbeats(trainer)
 
     def _start_heartbeats(self, trainer: Trainer) -> None:
@@ -104,9 +107,7 @@ class FaultGuard(Callback):
         after it), and end with its last stage, or with a stage that failed."""
         if self.heartbeats or trainer.world_size == 1 or not self.stall_timeout or not have_met():
             return
-        # The same names on every rank: each restart of a torchrun job has its own keys.
-        namespace = f"fault_guard/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-        store = torch.distributed.PrefixStore(namespace, store_client(timeout_s=self.stall_timeout))
+        store = job_store("fault_guard", timeout_s=self.stall_timeout)
         self.heartbeats = Heartbeats(
             trainer.global_rank, trainer.world_size, self.stall_timeout, store, self._before_stall_exit, self._where
         )
@@ -123,48 +124,49 @@ class FaultGuard(Callback):
         _write_out_loggers(self._trainer)
         return self._what_is_kept("holds the last saved step")
 
-    def catch_stops_outside_the_loops(self, trainer: Trainer) -> None:
+    def catch_stop_signals(self, trainer: Trainer) -> None:
         """From the processes' meeting (a lone process: from before the stage) to the command's end, SIGTERM and
-        SIGHUP outside a stage's loops stop the command, where their own action ended the process in silence, leaving
-        a new run's folder half-written. Before the loops of the command's stage (or of the test after a fit), the
+        SIGHUP stop the command, where their own action ended the process in silence, leaving a new run's folder
+        half-written (`_on_stop_signal`). Before the loops of the command's stage (or of the test after a fit), the
         signal is recorded, and every rank stops as the loops start (`_enter_the_loops`), also where it reached one
-        rank only: a new run's folder is then taken back (`TrainCLI._run_subcommand`). After them, it stops at once.
-        Lightning's SIGTERM handler calls this one after `_record_stop_signal`, and puts it back after each stage; the
-        handlers from before go back with `put_back_the_handlers`."""
+        rank only: a new run's folder is then taken back (`TrainCLI._run_subcommand`). The handlers from before go
+        back with `put_back_the_handlers`. A signal the process was started ignoring stays ignored: SIGHUP under
+        `nohup` (the run was meant to outlive the terminal)."""
         self._trainer = trainer
         self._agree_at_the_start = True
-        if threading.current_thread() is not threading.main_thread():
-            return
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(signum) is not signal.SIG_IGN:  # `nohup`: the run was meant to outlive the terminal
-                self._handlers_before_the_command[signum] = signal.signal(signum, self._stop_outside_the_loops)
+            self._catch(signum, self._handlers_before)
 
     def put_back_the_handlers(self) -> None:
         """The signal handlers from before the command, once it has ended."""
-        for signum, handler in self._handlers_before_the_command.items():
+        for signum, handler in self._handlers_before.items():
             signal.signal(signum, handler)
-        self._handlers_before_the_command = {}
+        self._handlers_before = {}
 
-    # The handlers: no collective, and no printing (a handler that writes to a stream the program was writing to
-    # when the signal came fails with "reentrant call").
-    def _record_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _catch(self, signum: int, replaced: dict[int, object]) -> None:
+        """`_on_stop_signal` handles `signum` (once), the handler it replaces kept in `replaced`."""
+        caught = signum in self._handlers_before or signum in self._handlers_before_the_loops
+        if caught or threading.current_thread() is not threading.main_thread():  # only the main thread may
+            return
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            replaced[signum] = signal.signal(signum, self._on_stop_signal)
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        """In a fit's loops, record the signal for the next check (a second Ctrl-C stops at once); before the loops,
+        for their start; in an evaluation's loops (nothing to keep) and after the command's last loops, stop now.
+        No collective, and no printing: a handler that writes to a stream the program was writing to when the signal
+        came fails with "reentrant call"."""
+        if self._stopping:  # a signal again while ending: ending
+            return
         if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
             self.stopped_at_once = True  # said in `on_exception`, outside the handler
-            raise StoppedBySignal(signum)  # the second Ctrl-C: stop now, wherever this rank is
+            raise StoppedBySignal(signum)
         self._pass_on(signum)
-        if self._trainer.state.fn != TrainerFn.FITTING and self._in_the_loops:  # an evaluation keeps nothing: now
+        evaluating = self._in_the_loops and self._trainer.state.fn != TrainerFn.FITTING
+        if evaluating or not (self._in_the_loops or self._agree_at_the_start):
+            self._stopping = True
             raise StoppedBySignal(signum)
         self.stop_signal = self.stop_signal or signum
-
-    def _stop_outside_the_loops(self, signum: int, frame: FrameType | None) -> None:
-        if self._in_the_loops or self._stopping:  # the loops' stop is recorded; a signal again while ending: ending
-            return
-        self._pass_on(signum)
-        if self._agree_at_the_start:
-            self.stop_signal = self.stop_signal or signum
-            return
-        self._stopping = True
-        raise StoppedBySignal(signum)
 
     def _pass_on(self, signum: int) -> None:
         """The first SIGTERM or SIGHUP goes on to the processes Lightning's launcher started from this one."""
@@ -185,10 +187,14 @@ class FaultGuard(Callback):
     on_validation_start = on_test_start = on_predict_start = on_sanity_check_start  # an evaluation stops at once
 
     def _enter_the_loops(self, trainer: Trainer) -> None:
-        """A stop signal recorded before the stage's loops (`catch_stops_outside_the_loops`) stops every rank here,
-        together; in them, a stop waits for a check, or stops an evaluation at once."""
+        """A stop signal recorded before the stage's loops (`catch_stop_signals`) stops every rank here, together; in
+        them, a stop waits for a check, or stops an evaluation at once, and Ctrl-C is a stop signal too, as SIGHUP
+        where the command did not catch it. (Caught once Lightning has saved the handlers it puts back when the
+        stage ends, however it ends: those from before. Ignored, as in a job a shell started with `&`, it stays
+        ignored.)"""
         self._in_the_loops = True
-        self._catch_stop_signals()
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            self._catch(signum, self._handlers_before_the_loops)
         if self._agree_at_the_start:
             self._agree_at_the_start = False
             self.stop_if_signalled(trainer)
@@ -217,17 +223,6 @@ class FaultGuard(Callback):
         self.step_seen = trainer.global_step  # a continued run's first check comes after its first step
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None  # Lightning's per-step check
 
-    def _catch_stop_signals(self) -> None:
-        """From a stage's first loop on, Ctrl-C and SIGHUP are recorded like SIGTERM. Installed once Lightning has
-        saved the handlers it puts back when the stage ends, however it ends: those are the ones from before. A signal
-        the process was started ignoring stays ignored: SIGHUP under `nohup`, Ctrl-C in a job a shell started with
-        `&` (the run was meant to outlive the terminal)."""
-        if self._previous_handlers or threading.current_thread() is not threading.main_thread():
-            return
-        for signum in (signal.SIGINT, signal.SIGHUP):
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                self._previous_handlers[signum] = signal.signal(signum, self._record_stop_signal)
-
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         self.saved_at = time.monotonic()
 
@@ -253,7 +248,7 @@ class FaultGuard(Callback):
                 f" {trainer.current_epoch} or after step {check}, whichever comes first{again}."
             )
 
-    on_test_batch_end = on_predict_batch_end = on_validation_batch_end  # no stop waits there (`_record_stop_signal`)
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end  # no stop waits there (`_on_stop_signal`)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Check after every `every_n_steps`-th optimizer step: with `--trainer.accumulate_grad_batches N` a stop
@@ -339,15 +334,19 @@ class FaultGuard(Callback):
             self.heartbeats = None
 
     def _put_back(self, trainer: Trainer) -> None:
-        """Lightning's handlers and per-step check, and the signal handlers from before `setup`, after a stage."""
+        """Lightning's handlers and per-step check, and the signal handlers from before the loops, after a stage."""
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
         vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
-        for signum, handler in self._previous_handlers.items():
+        for signum, handler in self._handlers_before_the_loops.items():
             signal.signal(signum, handler)
-        self._previous_handlers = {}
+        self._handlers_before_the_loops = {}
         self._in_the_loops = False
         self.last_loss = None
+
+
+def _do_nothing(signum: int, frame: FrameType | None) -> None:
+    pass
 
 
 def _write_out_loggers(trainer: Trainer) -> None:

@@ -8,7 +8,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 
@@ -63,30 +62,22 @@ class Heartbeats:
         self.ending = threading.Lock()
         self.who: list[dict] = []  # every rank's host and pid, once all have said
         self.last_answer = time.monotonic()
+        self.counts = [0] * world_size  # each rank's count as last read, and when it last moved
+        self.moved = [time.monotonic()] * world_size
+        self.places: list | None = None  # where each process stood when one of them last moved
+        self.still_since = time.monotonic()
 
     def start(self) -> None:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": _pid_space()}
         self.store.set(f"at/{self.rank}", json.dumps(self.where()))  # before its first beat, as who it is
         self.store.set(f"who/{self.rank}", json.dumps(me))
         self.store.add(f"beat/{self.rank}", 1)
-        self.last_answer = time.monotonic()
-        threading.Thread(target=self._reporting_errors, name="heartbeat", daemon=True).start()
+        self.last_answer = self.still_since = time.monotonic()
+        self.moved = [self.last_answer] * self.world_size
+        # An error of the beat's own (a bug) is said with its cause, and the others stop watching this process
+        name = f"heartbeat thread of global rank {self.rank}"
+        watch(self._beat, self.stopped, every_s=self.interval_s, name=name, on_error=self.stop)
         watch(self._look_at_the_store, self.stopped)
-
-    def _reporting_errors(self) -> None:
-        """Count; an error of its own is said with its cause, and the others stop watching this process."""
-        try:
-            self._count()
-        except Exception:
-            if self.stopped.is_set():
-                return
-            print(
-                f"error in the heartbeat thread of global rank {self.rank} (a bug; this process is no longer watched"
-                f" for a freeze, and goes on):\n{traceback.format_exc()}",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.stop()
 
     def stop(self) -> None:
         if not self.stopped.is_set():
@@ -95,49 +86,43 @@ class Heartbeats:
                 if store_answers(self.store):  # else gone with its process (global rank 0's): no one watches
                     self.store.add(f"beat/{self.rank}", self.LEFT)
 
-    def _count(self) -> None:
+    def _beat(self) -> None:
+        """Count up this process's key, read every count, and name the processes that no longer move."""
         ranks = range(self.world_size)
         who_keys, at_keys = [f"who/{rank}" for rank in ranks], [f"at/{rank}" for rank in ranks]
-        counts: list[int] = [0] * self.world_size
-        moved = [time.monotonic()] * self.world_size
-        places: list | None = None  # where each process stood when one of them last moved
-        still_since = time.monotonic()
-        while not self.stopped.is_set():
-            here = json.dumps([*self.where(), self.waiting()])
-            try:
-                if self.store.check([DEADLOCK_SAID]):  # the lowest live rank named a deadlock and ended
-                    self._end("", "", speaker_not_in=range(self.world_size))
-                self.store.set(f"at/{self.rank}", here)
-                self.store.add(f"beat/{self.rank}", 1)
-                now_counts = [self.store.add(f"beat/{rank}", 0) for rank in ranks]  # add 0: a missing key reads 0
-                everyone_came = min(now_counts) > 0  # every rank said who and where it is before its first beat
-                if everyone_came and not self.who:  # kept at once: a store that stops answering next is named by it
-                    self.who = [json.loads(value) for value in self.store.multi_get(who_keys)]
-                at = self.store.multi_get(at_keys) if everyone_came and self.store.check(at_keys) else None
-            except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_look_at_the_store` names it after `limit_s`
-                self.stopped.wait(self.interval_s)
-                continue
-            except Exception:  # the store is gone (connection closed): its process ended, so does the job
-                self.stopped.set()
-                return
-            now = self.last_answer = time.monotonic()
-            for rank, count in enumerate(now_counts):
-                if count != counts[rank]:
-                    counts[rank], moved[rank] = count, now
-            live = [rank for rank in ranks if counts[rank] < self.LEFT]
-            silent = [rank for rank in live if now - moved[rank] > self.limit_s]
-            if silent and not self.stopped.is_set():
-                self._end_for_silence(silent, round(now - min(moved[r] for r in silent)))
-            if at is not None:
-                now_places = [json.loads(at[rank]) if rank in live else None for rank in ranks]
-                if now_places != places:
-                    places, still_since = now_places, now
-                elif now - still_since > self.limit_s and self.rank == min(live) and _deadlocked(places):
-                    self._end_for_deadlock(places, round(now - still_since))
-            self.stopped.wait(self.interval_s)
+        here = json.dumps([*self.where(), self.waiting()])
+        try:
+            if self.store.check([DEADLOCK_SAID]):  # the lowest live rank named a deadlock and ended
+                self._end("", "", speaker_not_in=range(self.world_size))
+            self.store.set(f"at/{self.rank}", here)
+            self.store.add(f"beat/{self.rank}", 1)
+            now_counts = [self.store.add(f"beat/{rank}", 0) for rank in ranks]  # add 0: a missing key reads 0
+            everyone_came = min(now_counts) > 0  # every rank said who and where it is before its first beat
+            if everyone_came and not self.who:  # kept at once: a store that stops answering next is named by it
+                self.who = [json.loads(value) for value in self.store.multi_get(who_keys)]
+            at = self.store.multi_get(at_keys) if everyone_came and self.store.check(at_keys) else None
+        except NO_ANSWER_IN_TIME:  # its holder may be frozen: `_look_at_the_store` names it after `limit_s`
+            return
+        except Exception:  # the store is gone (connection closed): its process ended, so does the job
+            self.stopped.set()
+            return
+        now = self.last_answer = time.monotonic()
+        for rank, count in enumerate(now_counts):
+            if count != self.counts[rank]:
+                self.counts[rank], self.moved[rank] = count, now
+        live = [rank for rank in ranks if self.counts[rank] < self.LEFT]
+        silent = [rank for rank in live if now - self.moved[rank] > self.limit_s]
+        if silent and not self.stopped.is_set():
+            self._end_for_silence(silent, round(now - min(self.moved[r] for r in silent)))
+        if at is not None:
+            now_places = [json.loads(at[rank]) if rank in live else None for rank in ranks]
+            if now_places != self.places:
+                self.places, self.still_since = now_places, now
+            elif now - self.still_since > self.limit_s and self.rank == min(live) and _deadlocked(self.places):
+                self._end_for_deadlock(self.places, round(now - self.still_since))
 
     def _look_at_the_store(self) -> None:
-        """A store call of `_count` that meets a frozen holder waits for it without end (the client's timeout does
+        """A store call of `_beat` that meets a frozen holder waits for it without end (the client's timeout does
         not bound it): the watch thread, which makes no call, names the holder once no answer came for `limit_s`."""
         silent_for = time.monotonic() - self.last_answer
         if silent_for > self.limit_s:

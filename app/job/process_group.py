@@ -51,14 +51,15 @@ def store_answers(store: dist.Store | None = None, timeout_s: float = 1.0) -> bo
         return False
 
 
-def report_store(timeout_s: float) -> dist.Store:
-    """Where the processes of the job say that one failed (`FAILED`) and that each has reported (`reported(rank)`):
-    a part of the job's store of its own for each restart of a torchrun job (app/command_line/speaking.py)."""
+def job_store(part: str, timeout_s: float) -> dist.Store:
+    """A part of the job's store, `part`'s own in each restart of a torchrun job (whose store lives on)."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"report/{restart}/", store_client(timeout_s))
+    return dist.PrefixStore(f"{part}/{restart}/", store_client(timeout_s))
 
 
-FAILED = "failed"  # counted up by each process of the job that fails
+# The part of the job's store where its processes say that one failed (`FAILED`, counted up by each process that
+# fails) and that each has reported (`reported(rank)`): app/command_line/speaking.py.
+REPORTS, FAILED = "report", "failed"
 
 
 def reported(rank: int) -> str:

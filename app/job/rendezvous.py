@@ -16,8 +16,9 @@ from lightning.pytorch import Trainer
 from app.job.children import ctrl_c_ends_at_once
 from app.job.process_group import (
     FAILED,
+    REPORTS,
     have_met,
-    report_store,
+    job_store,
     reported,
     store_answers,
     store_client,
@@ -72,7 +73,7 @@ def announce_rendezvous(world_size: int, num_nodes: int, node_rank: int, local_r
     reports = None
     if under_torchrun():
         with suppress(Exception):  # no store to read (it would have failed the meeting too): announced only
-            reports = report_store(timeout_s=5)
+            reports = job_store(REPORTS, timeout_s=5)
     if local_rank != 0 and reports is None:  # nothing to say, nothing to read
         yield
         return
@@ -179,7 +180,7 @@ class ShapeCheck:
 def _failure_said(reports: dist.Store) -> bool:
     """Whether a process of the job said that it failed; if so, this one counts as having reported (the one that
     failed keeps torchrun's store up until every process has). Each torchrun restart has reports of its own, by its
-    count (`report_store`)."""
+    count (`job_store`)."""
     try:
         if not reports.check([FAILED]):
             return False

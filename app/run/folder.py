@@ -78,17 +78,13 @@ class RunFolder(Callback):
             )
         self._there_before = set(self.path.rglob("*"))
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer, *args) -> None:
         self.started = True
 
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    on_test_batch_start = on_predict_batch_start = on_train_batch_start
+
+    def on_validation_batch_start(self, trainer, *args) -> None:
         self.started = self.started or trainer.state.fn == TrainerFn.VALIDATING  # not fit's validation
-
-    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.started = True
-
-    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.started = True
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """A run continued under another spelling of its folder (absolute where it started relative, or from another
