@@ -518,7 +518,7 @@ class SignalInEvaluation(Callback):
     """Test instrument: the process of global rank 0 sends itself `signum` (SIGTERM by default) at the start of the
     first test or prediction batch, as a scheduler's time limit, Ctrl-C or a closed terminal would."""
 
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
+    def __init__(self, signum: int = int(signal.SIGTERM)) -> None:
         self.signum = signum
 
     def _stop(self, trainer: Trainer) -> None:
