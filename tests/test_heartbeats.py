@@ -7,6 +7,7 @@ whose /proc says nothing.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 from lightning.pytorch import Trainer
+from tqdm import tqdm
 
 from app.command_line.speaking import report
 from app.job import heartbeats
@@ -79,6 +81,22 @@ def test_a_rank_that_stopped_beating_is_named_and_killed_and_the_job_ends(store,
     assert f"Global rank 1 (pid {bystander.pid} on this-host) has given no sign of life for" in said.out
     assert "error: a process of the job stopped answering, so the job ends; nothing kept\n" in said.err
     assert bystander.wait(timeout=30) == -signal.SIGKILL  # a frozen process of this host would stay forever
+
+
+def test_a_rank_named_while_a_progress_bar_is_drawn_is_named_on_a_line_of_its_own(store, capsys):
+    """The heartbeat thread speaks while the main thread draws Lightning's progress bar: printed after the bar, its
+    line stood on the bar's line; tqdm takes the bar away for it, then draws it again."""
+    bar = tqdm(total=100, file=sys.stdout, desc="Epoch 0")
+    bar.update(3)
+    watcher = Watcher(client(store))
+    a_rank_that_beat_once(client(store), 1, 4242, None)  # a pid of no known pid namespace: never killed
+    watcher.beats.start()
+    try:
+        assert watcher.ended.wait(LIMIT_S * 20), "rank 1 was never named"
+    finally:
+        bar.close()
+    out = capsys.readouterr().out
+    assert re.search(r"[\r\n]Global rank 1 \(pid 4242 on this-host\) has given no sign of life", out), repr(out[-600:])
 
 
 def test_a_process_whose_pid_space_is_unknown_is_not_killed(store, bystander, monkeypatch):

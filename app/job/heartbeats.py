@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 import torch.distributed as dist
+from tqdm import tqdm
 
 from app.job.children import end_after_the_first_process
 from app.job.process_group import store_answers, under_torchrun
@@ -156,10 +157,10 @@ class Heartbeats:
         try:
             speakers = [rank for rank in range(self.world_size) if rank not in speaker_not_in]
             if self.rank == min(speakers, default=-1):
-                print(line, flush=True)
+                _write(line, sys.stdout)
                 kept = self.on_stall()
                 # No full stop: `kept` ends with the command that continues the run
-                print(f"error: {error}, so the job ends; {kept}", file=sys.stderr, flush=True)
+                _write(f"error: {error}, so the job ends; {kept}", sys.stderr)
                 if said:
                     self.store.set(DEADLOCK_SAID, "1")
             else:
@@ -188,6 +189,12 @@ class Heartbeats:
         if rank >= len(self.who):
             return [rank]
         return [r for r, who in enumerate(self.who) if who["host"] == self.who[rank]["host"]]
+
+
+def _write(text: str, stream) -> None:
+    """`text` on a line of its own where a progress bar is drawn (tqdm takes the bar away, then draws it again)."""
+    tqdm.write(text, file=stream)
+    stream.flush()
 
 
 def _deadlocked(places: list) -> bool:
