@@ -535,6 +535,16 @@ def test_a_diverging_loss_stops_every_rank_at_one_step_and_keeps_the_last_good_c
     assert all(weights.isfinite().all() for weights in torch.load(last, weights_only=True)["state_dict"].values())
 
 
+def test_an_error_in_training_stands_below_the_progress_bar_on_a_line_of_its_own(data_dir, tmp_path):
+    """Lightning leaves a failed stage's progress bar open: the error line, on standard error, was printed after it,
+    on the bar's line. The bars are closed first (and so end their line)."""
+    argv = one_run(data_dir, tmp_path, "--fault_guard.every_n_steps", "4", max_epochs=3, devices=1)
+    diverge = ("--trainer.callbacks+=tests.helpers.DivergeInEpoch", "--trainer.callbacks.epoch", "1")
+    result = run_in_process(*argv, *diverge, "--trainer.enable_progress_bar", "true")
+    assert result.returncode == 1 and "the training loss became NaN" in result.stderr, result.stderr[-2000:]
+    assert "Epoch 1:" in result.stdout and result.stdout.endswith("\n"), repr(result.stdout[-300:])
+
+
 # 6. Ctrl-C
 
 

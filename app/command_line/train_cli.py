@@ -6,7 +6,7 @@ import subprocess
 import textwrap
 from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import yaml
@@ -295,6 +295,7 @@ class TrainCLI(LightningCLI):
             with self._errors_named_by_option():
                 super()._run_subcommand(subcommand)
         except BaseException as error:
+            _end_the_progress_bars(trainer)  # what is said next stands on lines of its own, the last ones
             # A run stopped before its first step, or an evaluation cut short: what it wrote is taken back
             if self.run is not None and (not self.run.started or subcommand != "fit") and trainer.global_rank == 0:
                 self.run.undo()
@@ -707,6 +708,15 @@ def skip_empty_batch_hooks(callbacks: list[Callback]) -> None:
         for hook in BATCH_HOOKS:
             if hook not in vars(callback) and getattr(type(callback), hook) is getattr(Callback, hook):
                 setattr(callback, hook, None)
+
+
+def _end_the_progress_bars(trainer: Trainer) -> None:
+    """Close the progress bars a failed stage left open (Lightning closes them when a stage ends well): a line
+    printed after an open bar stood on the bar's line, or the bar was drawn again after it."""
+    if isinstance(trainer.progress_bar_callback, TQDMProgressBar):
+        for stage in ("train", "val", "test", "predict"):
+            with suppress(TypeError):  # a bar the stage never made
+                getattr(trainer.progress_bar_callback, f"{stage}_progress_bar").close()
 
 
 def _as_list(value) -> list:
