@@ -139,9 +139,7 @@ class FaultGuard(Callback):
 
     def put_back_the_handlers(self) -> None:
         """The signal handlers from before the command, once it has ended."""
-        for signum, handler in self._handlers_before.items():
-            signal.signal(signum, handler)
-        self._handlers_before = {}
+        _put_back_signal_handlers(self._handlers_before)
 
     def _catch(self, signum: int, replaced: dict[int, object]) -> None:
         """`_on_stop_signal` handles `signum` (once), the handler it replaces kept in `replaced`."""
@@ -338,15 +336,20 @@ class FaultGuard(Callback):
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the class's own method again
         vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)
         vars(trainer._signal_connector).pop("_slurm_sigusr_handler_fn", None)
-        for signum, handler in self._handlers_before_the_loops.items():
-            signal.signal(signum, handler)
-        self._handlers_before_the_loops = {}
+        _put_back_signal_handlers(self._handlers_before_the_loops)
         self._in_the_loops = False
         self.last_loss = None
 
 
 def _do_nothing(signum: int, frame: FrameType | None) -> None:
     pass
+
+
+def _put_back_signal_handlers(replaced: dict[int, object]) -> None:
+    """The handlers `FaultGuard._catch` replaced, each for its signal again; `replaced` is then empty."""
+    for signum, handler in replaced.items():
+        signal.signal(signum, handler)
+    replaced.clear()
 
 
 def _write_out_loggers(trainer: Trainer) -> None:

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 import torch.distributed as dist
-from tqdm import tqdm
 
 from app.job.children import end_after_the_first_process
 from app.job.process_group import store_answers, under_torchrun
 from app.job.watch import watch
+from app.say import write_line
 
 # What a store call raises when no answer came within the store's timeout (the store lives, its holder may not).
 NO_ANSWER_IN_TIME = (dist.DistStoreError, TimeoutError)
@@ -157,10 +157,10 @@ class Heartbeats:
         try:
             speakers = [rank for rank in range(self.world_size) if rank not in speaker_not_in]
             if self.rank == min(speakers, default=-1):
-                _write(line, sys.stdout)
+                write_line(line, sys.stdout)
                 kept = self.on_stall()
                 # No full stop: `kept` ends with the command that continues the run
-                _write(f"error: {error}, so the job ends; {kept}", sys.stderr)
+                write_line(f"error: {error}, so the job ends; {kept}", sys.stderr)
                 if said:
                     self.store.set(DEADLOCK_SAID, "1")
             else:
@@ -189,12 +189,6 @@ class Heartbeats:
         if rank >= len(self.who):
             return [rank]
         return [r for r, who in enumerate(self.who) if who["host"] == self.who[rank]["host"]]
-
-
-def _write(text: str, stream) -> None:
-    """`text` on a line of its own where a progress bar is drawn (tqdm takes the bar away, then draws it again)."""
-    tqdm.write(text, file=stream)
-    stream.flush()
 
 
 def _deadlocked(places: list) -> bool:
