@@ -1,30 +1,303 @@
-"""Train and test an image classifier with PyTorch Lightning and DDP. `python train.py --help` says how."""
+"""Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
+process on a machine without one (--devices N: N processes). Without a subcommand it fits, then tests the best
+checkpoint; fit, validate, test and predict run one stage; export writes ONNX or TorchScript. --devices and
+--num_nodes stand for --trainer.devices and --trainer.num_nodes, anywhere on the line.
 
-import gc
+  python train.py --model ConvNet --data.dataset mnist --devices 2
+  python train.py --model ConvNet --data.dataset mnist --ckpt_path last      # continue the newest such run
+  python train.py test --ckpt_path runs/ConvNet-mnist/version_0              # a run's folder, last, or a file
+  python train.py export --ckpt_path CKPT --format onnx --output model.onnx  # export --help: its options
+"""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from argparse import ArgumentError
+from pathlib import Path
+
+import torch.distributed as dist
+import yaml
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins import CheckpointIO
+
+from app.callbacks.dashboard import Dashboard
+from app.callbacks.global_batch import GlobalBatchInfo
+from app.callbacks.graceful_stop import GracefulStop, Stopped
+from app.callbacks.predictions import PredictionWriter
+from app.callbacks.stall_watchdog import StallWatchdog
+from app.console import TRACEBACK_VARIABLE, UserError, here, options_of, parser_line, rank, report, runnable, say
+from app.export import export
+from app.plugins.checkpoint_io import AtomicCheckpointIO
+from app.plugins.rendezvous import RendezvousDDPStrategy
+from app.runs import RunLogger, RunRecord, find_start, next_record, run_name
+from app.settings import Trainer, check, check_writable, launcher_shape, settle_shape, shared
+from datamodules import MNISTDataModule
+from models import ImageClassifier
+
+SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
 
 
-def main() -> None:
-    """Import the program, then run it (`app/main.py`).
+class TrainCLI(LightningCLI):
+    """LightningCLI with this program's pieces and defaults. Without a subcommand it fits, then tests the best
+    checkpoint; `--ckpt_path` names a checkpoint file, a run's folder, or `last` (docs/run-folder.md)."""
 
-    Importing torch, Lightning, torchvision and torchmetrics creates about a million objects that live as long as the
-    program. With the garbage collector on, Python scans them over and over while importing (a second of start-up on
-    2 cores, in every process) and once more at exit: off while importing, then frozen, they are never scanned.
-    Ctrl-C while importing ends the process as the signal does, without a traceback of the import under way (unless
-    Ctrl-C is ignored, as in a job a shell started in the background). First of all, a process that Lightning's
-    launcher or torchrun started dies with its parent (`app/job/children.py`), and the filter of what Python's
-    shutdown prints comes last (`app/command_line/quiet.py`).
-    """
-    from app.command_line.quiet import silence_the_shutdown  # noqa: PLC0415 (the standard library only)
-    from app.job.children import ctrl_c_ends_at_once, die_with_parent  # noqa: PLC0415 (the standard library only)
+    def __init__(self, args: list[str]) -> None:
+        tokens, shortcuts, args = iter(args), [], []
+        for token in tokens:
+            name, has_value, value = token.partition("=")
+            if name in SHORTCUTS:
+                shortcuts.append(f"{SHORTCUTS[name]}={value if has_value else next(tokens, '')}")
+            else:
+                args.append(token)
+        self.chosen = next((a for a in args if a in LightningCLI.subcommands()), None)
+        self.test_after_fit = self.chosen is None and not {"-h", "--help"} & set(args)
+        self.start, self.logger = None, None
+        super().__init__(
+            ImageClassifier,
+            MNISTDataModule,
+            subclass_mode_model=True,
+            trainer_class=Trainer,
+            trainer_defaults={
+                "strategy": "ddp",
+                "max_epochs": 10,
+                "default_root_dir": "runs",
+                "callbacks": [GlobalBatchInfo()],
+            },
+            seed_everything_default=42,
+            auto_configure_optimizers=False,
+            parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "description": __doc__},
+            args=(["fit"] if self.test_after_fit else []) + args + shortcuts,
+        )
 
-    die_with_parent()
-    silence_the_shutdown()
-    gc.disable()
-    with ctrl_c_ends_at_once():
-        from app.main import main as run  # noqa: PLC0415 (the imports the collector must not scan)
-    gc.freeze()
-    gc.enable()
-    run()
+    def subcommands(self) -> dict[str, set[str]]:
+        """The parser of the subcommand asked for alone (all when none is named): each takes 0.1 s to build."""
+        every = LightningCLI.subcommands()
+        return {self.chosen: every[self.chosen]} if self.chosen else every
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        self.own_parser = parser
+        parser.set_defaults({"model": "models.SeqNet"})
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")  # the best by val/acc
+        parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max"})
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")  # last.ckpt at every epoch's end
+        parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
+        parser.add_lightning_class_args(GracefulStop, "stop")
+        parser.link_arguments("last_checkpoint", "stop.checkpoint", apply_on="instantiate")
+        parser.add_lightning_class_args(StallWatchdog, "watchdog")
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.add_lightning_class_args(Dashboard, "dashboard")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: list[str]) -> None:
+        """Parse; what `--ckpt_path` starts from brings its settings as defaults, below every option and file."""
+        try:
+            super().parse_arguments(parser, args)
+            subcommand = self.config.get("subcommand")
+            if subcommand is None:
+                return
+            config = self.config[subcommand]
+            runs = Path(config.trainer.default_root_dir or ".") / run_name(config.model.class_path, config.data.dataset)
+            self.start = find_start(config.ckpt_path, subcommand, runs)
+            if self.start is not None:
+                super().parse_arguments(parser, ["--config", json.dumps({subcommand: self.start.settings}), *args])
+                self.start.refuse_changes(self._dumped(subcommand), subcommand)
+            if self.config[subcommand].get("weights_only") is None:  # loading a checkpoint runs no code
+                self.config[subcommand].weights_only = True
+            check(dict(self.config[subcommand].trainer), self.config[subcommand].seed_everything)
+        except ArgumentError as error:  # the deepest line, and the closest of the subcommand's options
+            subcommand = self.chosen or "fit"
+            options = options_of(yaml.safe_load(parser.dump(parser.parse_args([subcommand])))[subcommand])
+            raise UserError(parser_line(str(error), list(options), args), every_process=True) from None
+
+    def _dumped(self, subcommand: str) -> dict:
+        return yaml.safe_load(self.parser.dump(self.config, skip_unset=False))[subcommand]
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        settle_shape(config.trainer, config.stop, kubeflow="KubeflowEnvironment" in str(config.trainer.plugins))
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """The Trainer, with the run's folder (`RunLogger`), the rendezvous that checks the nodes' settings, whole
+        checkpoint files, and this program's callbacks (those of checkpoints not with --trainer.enable_checkpointing
+        false; the learning rate's not without a logger)."""
+        config = self.config_init[self.subcommand]
+        if self.start is not None or config["ckpt_path"] == "last":  # what Lightning is given: the file, or nothing
+            config["ckpt_path"] = str(self.start.checkpoint) if self.start else None
+        trainer = {**config["trainer"], **kwargs}
+        runs = Path(trainer["default_root_dir"]) / run_name(
+            type(self.model).__qualname__, self.datamodule.hparams.dataset
+        )
+        if trainer["logger"] in (None, True):
+            self.logger = trainer["logger"] = self._run_logger(runs)
+        if trainer["strategy"] == "ddp":
+            trainer["strategy"] = RendezvousDDPStrategy()
+        if isinstance(trainer["strategy"], RendezvousDDPStrategy) and trainer["strategy"].agree_on is None:
+            starts_from = f"step {self.start.contents.get('global_step')}" if self.start else config["ckpt_path"]
+            subcommand = "fit then test" if self.test_after_fit else self.subcommand
+            trainer["strategy"].agree_on = shared(self._dumped(self.subcommand), subcommand, starts_from)
+        plugins = trainer["plugins"] if isinstance(trainer["plugins"], list) else [p for p in [trainer["plugins"]] if p]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            trainer["plugins"] = [*plugins, AtomicCheckpointIO()]
+        ours = [config[key] for key in self.own_parser.callback_keys]
+        ours = [c for c in ours if trainer["enable_checkpointing"] is not False or not isinstance(c, ModelCheckpoint)]
+        ours = [c for c in ours if trainer["logger"] not in (None, False) or not isinstance(c, LearningRateMonitor)]
+        callbacks = (
+            trainer["callbacks"] if isinstance(trainer["callbacks"], list) else [c for c in [trainer["callbacks"]] if c]
+        )
+        trainer["callbacks"] = [*callbacks, *ours, *self.trainer_defaults["callbacks"]]
+        if not trainer["fast_dev_run"] and trainer["logger"] not in (None, False):  # the record goes beside the logs
+            record = next_record(self.start.run if self.start and self.start.continues else None)
+            trainer["callbacks"].append(RunRecord(self.own_parser, self.config[self.subcommand], record))
+        return Trainer(**trainer)
+
+    def _run_logger(self, runs: Path) -> RunLogger:
+        """Where this command writes: the run it continues, a new `version_N` of the model's runs, or for an
+        evaluation `<run>/<stage>/version_N` beside the run whose checkpoint it evaluates."""
+        if self.start is not None and self.start.continues:
+            return RunLogger(self.start.run.parent.parent, self.start.run.parent.name, version=self.start.run.name)
+        if self.subcommand == "fit":
+            return RunLogger(runs.parent, runs.name)
+        return RunLogger(self.start.run if self.start and self.start.run else runs, self.subcommand)
+
+    def before_fit(self) -> None:
+        self._before_the_stage()
+        self.model.check_fit(self.trainer)
+        if self.trainer.strategy.root_device.type == "cpu" and self.config.fit.trainer.sync_batchnorm:
+            raise UserError("--trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm has none for the CPU).")
+        if self.start is None and self.config.fit.ckpt_path == "last":
+            say(f"--ckpt_path last: nothing to continue under {self.trainer.default_root_dir}, starting a new run.")
+        elif self.start is not None:
+            saved = self.start.contents.get(type(self.datamodule).__qualname__)
+            if saved:  # its global batch, on however many processes there are now, unless a batch size is chosen
+                chosen = self.datamodule.hparams.batch_size != saved.get("batch_size")
+                trainer, epoch = self.trainer, self.start.contents.get("epoch", 0)
+                args = (saved, trainer.world_size, trainer.accumulate_grad_batches, chosen, epoch)
+                batch_size = self.datamodule.batch_size_to_continue(*args)
+                if batch_size != self.datamodule.hparams.batch_size:
+                    say(f"Continuing a run of {saved['world_size']} processes on {trainer.world_size}: per-device"
+                        f" batch {self.datamodule.hparams.batch_size} -> {batch_size}, to keep the global batch of"
+                        f" {saved['global_batch_size']}.")  # fmt: skip
+                self.datamodule.hparams.batch_size = batch_size
+            how = "continuing" if self.start.continues else "a new run from"
+            say(f"--ckpt_path {self.config.fit.ckpt_path}: {how} {self.start.where}.")
+        if self.trainer.world_size == 1 and self.trainer.strategy.root_device.type == "cpu" and not launcher_shape():
+            say(
+                f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"
+                " processes, which share those cores."
+            )
+
+    def _before_the_stage(self) -> None:
+        """Refuse before anything is written: a folder that cannot be written, an evaluation of untrained weights."""
+        if self.logger is not None and rank() == 0:  # the process that writes
+            folder = self.start.run if self.start and self.start.continues else Path(self.logger.root_dir)
+            check_writable("--trainer.default_root_dir", folder)
+        if self.subcommand != "fit" and self.start is None:
+            raise UserError(
+                f"{self.subcommand} needs trained weights: add --ckpt_path last (the newest run of this"
+                " model and dataset), a run's folder, or a checkpoint file."
+            )
+        if self.start is not None and self.subcommand != "fit":
+            say(f"--ckpt_path {self.config[self.subcommand].ckpt_path}: {self.start.where}.")
+
+    before_validate = before_test = before_predict = _before_the_stage
+
+    def after_fit(self) -> None:
+        best, metrics = self.config_init.fit.checkpoint.best_model_path, dict(self.trainer.callback_metrics)
+        if self.config_init.fit.checkpoint.best_model_score is not None:  # the figure of the weights it names
+            metrics = {self.config_init.fit.checkpoint.monitor: self.config_init.fit.checkpoint.best_model_score}
+        if self.test_after_fit and best and self.trainer.global_step > 0:
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
+            metrics.update(self.trainer.callback_metrics)
+        elif self.test_after_fit:
+            say("No test: the fit took no training step, or saved no checkpoint to test.")
+        self._summary(metrics, best)
+
+    def after_validate(self) -> None:
+        self._summary(self.trainer.callback_metrics)
+
+    after_test = after_validate
+
+    def after_predict(self) -> None:
+        writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
+        say(f"Predictions: {writer.written}")
+
+    def _summary(self, metrics: dict, best: str = "") -> None:
+        names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
+        lines = ["Finished: " + "  ".join(f"{name} {float(metrics[name]):.4f}" for name in names)] if names else []
+        lines += [f"Best checkpoint: {best}"] if best else []
+        if self.logger is not None and self.logger.folder is not None:
+            tensorboard = runnable(Path(sys.executable).with_name("tensorboard"))
+            folder = "Run folder" if self.subcommand == "fit" else "Logs"
+            lines += [
+                f"Dashboard: {tensorboard} --logdir {self.trainer.default_root_dir}",
+                f"{folder}: {self.logger.folder}",
+            ]
+        say("\n".join(lines))
+
+
+def main(args: list[str] | None = None) -> None:
+    """Run `train.py ARGS` and end as a shell expects: 0; 1 after a mistake or a bug; after a stop by a signal, by
+    that signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops)."""
+    args, status = list(sys.argv[1:] if args is None else args), 0
+    for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has changed"):
+        warnings.filterwarnings("ignore", message=noise)  # nothing a user of this program does or can change
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())
+    try:
+        if args[:1] == ["export"]:
+            print(f"Exported: {export(args[1:])}")
+        else:
+            status = wait_for_the_others(TrainCLI(args).trainer.strategy)
+    except Stopped as stop:  # the run's folder is what --ckpt_path continues, with its settings
+        if stop.checkpoint and (run := Path(stop.checkpoint).parent.parent).joinpath("config.yaml").is_file():
+            shape = [a for i, a in enumerate(args) if a.split("=")[0] in SHORTCUTS or (i and args[i - 1] in SHORTCUTS)]
+            command = [runnable(Path(sys.executable)), here(Path(__file__)), *["fit"] * ("fit" in args)]
+            say(f"Continue with: {' '.join([*command, '--ckpt_path', str(run), *shape])}")
+        status = -stop.signum
+    except KeyboardInterrupt:
+        status = -signal.SIGINT
+    except SystemExit as end:  # Lightning ends a stage that Ctrl-C interrupted with status 1: a shell loop would go on
+        status = -signal.SIGINT if isinstance(end.__context__, KeyboardInterrupt) else end.code or 0
+    except Exception as error:
+        if os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0"):
+            raise
+        report(error)
+        status = 1
+    finally:
+        if dist.is_available() and dist.is_initialized():  # else gloo's threads may abort the process at its exit
+            dist.destroy_process_group()
+    sys.stdout.flush()
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status)
+
+
+def wait_for_the_others(strategy) -> int:
+    """In the process that Lightning's launcher started the others from: the job's exit status, once they ended (a
+    minute at most): one that failed fails it, one that a signal stopped stops it."""
+    for local_rank, process in enumerate(getattr(strategy.launcher, "procs", []), start=1):
+        try:
+            status = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            status = None
+        if status in (1, -signal.SIGINT, -signal.SIGTERM):  # it said why, or was stopped as the job is
+            return status
+        if status != 0:
+            ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
+            print(
+                f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's work"
+                " was done, so the job failed.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,1 +1,1 @@
-"""What train.py runs (`main.py`), in three rooms: `command_line/`, `job/` and `run/` (docs/architecture.md)."""
+"""What train.py adds to a Lightning program, one public piece each (docs/architecture.md)."""

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import MNIST, FashionMNIST
 
+from app.console import UserError
 from datamodules.images import mnist_pixels
 from datamodules.sampler import ResumableDistributedSampler
 
@@ -97,7 +98,7 @@ class DatasetName(str):
 register_type(DatasetName, serializer=str, deserializer=DatasetName)
 
 
-class DataError(RuntimeError):
+class DataError(UserError):
     """The dataset files are missing, cannot be downloaded or are corrupt; the message says how to fix it."""
 
 

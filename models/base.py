@@ -2,6 +2,7 @@
 optimizer."""
 
 import math
+import warnings
 from typing import Literal
 
 import torch
@@ -9,11 +10,12 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from app.errors import UserError
+from app.console import UserError, say
 
 NUM_CLASSES = 10
 
@@ -92,6 +94,7 @@ class ImageClassifier(LightningModule):
         cuda_graph: bool = False,
         pixel_mean: float | None = None,
         pixel_std: float | None = None,
+        weights: str | None = None,
     ) -> None:
         super().__init__()
         if (pixel_mean is None) != (pixel_std is None):
@@ -124,11 +127,15 @@ class ImageClassifier(LightningModule):
         self._graphed_shape: torch.Size | None = None
 
     def setup(self, stage: str) -> None:
-        """When fitting without statistics given, take those of the datamodule's dataset; refuse a Trainer the model
-        cannot be fitted with."""
+        """When fitting without statistics given, take those of the datamodule's dataset (or of `weights`); refuse a
+        Trainer the model cannot be fitted with; a new run starts from `weights`."""
         datamodule = self.trainer.datamodule
         if stage != "fit":
             return
+        if self.hparams.weights and self.trainer.ckpt_path is None:  # a continued run has its own
+            saved = torch.load(self.hparams.weights, map_location="cpu", weights_only=True)
+            self.on_load_checkpoint(saved)
+            self.load_state_dict(saved["state_dict"])
         if self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
             self.hparams.pixel_mean, self.hparams.pixel_std = datamodule.mean, datamodule.std
         self.check_fit(self.trainer)
@@ -153,9 +160,27 @@ class ImageClassifier(LightningModule):
             )
 
     def on_train_start(self) -> None:
-        """Capture the network again at this fit's first step (`cuda_graph`): its parameters may have moved since a
-        fit that ended without `on_train_end` (an error)."""
+        """Plan the one-cycle schedule over the run's steps, from the step it has reached (a continued run's, extended
+        or not: planned here, once Lightning restored the loader's position, the optimizer and the step), and capture
+        the network again at this fit's first step (`cuda_graph`): its parameters may have moved since."""
         self._graphed_forward = self._graphed_shape = None
+        total, trainer = self.trainer.estimated_stepping_batches, self.trainer
+        if not self.hparams.one_cycle or self.lr_scheduler is not None or not 1 <= total < math.inf:
+            return  # a scheduler of one's own; no training step, or no known end: the optimizer's constant rate
+        optimizer = trainer.optimizers[0]
+        peaks = [group.get("max_lr", group["lr"]) for group in optimizer.param_groups]  # a continued run's groups
+        cycle = self.hparams.cycle_momentum and ("momentum" in optimizer.defaults or "betas" in optimizer.defaults)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, peaks, total_steps=int(total), cycle_momentum=cycle)
+        with warnings.catch_warnings():  # torch warns of a schedule stepped before its optimizer: on purpose here
+            warnings.simplefilter("ignore", UserWarning)
+            for _step in range(trainer.global_step):
+                schedule.step()
+        trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(schedule, interval="step")]
+        if trainer.global_step:
+            say(
+                f"Continuing at step {trainer.global_step}: the one-cycle schedule is planned over {int(total)} steps,"
+                f" peaking at learning rate {peaks[0]:g}."
+            )
 
     def on_train_end(self) -> None:
         """Let the graphs and their memory go: evaluation and a saved module need none."""
@@ -299,23 +324,10 @@ class ImageClassifier(LightningModule):
         return {"prediction": prediction.cpu(), "probability": probability.cpu(), "target": targets.cpu()}
 
     def configure_optimizers(self):
+        """The optimizer, and a scheduler given as `lr_scheduler`; the one-cycle schedule is planned as training
+        starts (`on_train_start`), when the run's steps are known without building the loader before its position
+        is restored."""
         optimizer = self.optimizer(self.parameters())
         if self.lr_scheduler is not None:
             return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler(optimizer)}
-        if not self.hparams.one_cycle:
-            return optimizer
-        peak_lrs = [group["lr"] for group in optimizer.param_groups]
-        total_steps = self.trainer.estimated_stepping_batches  # optimizer steps of the whole run, on each rank
-        # --trainer.limit_train_batches 0: no training step; --trainer.max_epochs -1 without max_steps: no known end.
-        if total_steps < 1 or not math.isfinite(total_steps):
-            return optimizer
-        # The momentum (or Adam's first beta) cycles against the learning rate, where the optimizer has one, unless
-        # `cycle_momentum` is off: then the optimizer's own (`--model.optimizer.betas`) holds throughout.
-        has_momentum = "momentum" in optimizer.defaults or "betas" in optimizer.defaults
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=peak_lrs,
-            total_steps=int(total_steps),
-            cycle_momentum=self.hparams.cycle_momentum and has_momentum,
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optimizer

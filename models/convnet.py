@@ -4,7 +4,7 @@ arguments, so that a config can name a smaller or larger one (`configs/convnet_f
 from jsonargparse.typing import PositiveInt
 from torch import nn
 
-from app.errors import UserError
+from app.console import UserError
 from models.base import NUM_CLASSES, ImageClassifier
 
 

@@ -6,16 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_in_process, scalars, signal_handlers_and_environment_kept
+from tests.helpers import run_in_process, scalars, state_kept
 from tests.synthetic import write_dataset
 
-# One thread per process: the suite runs three workers on CI's 2 cores, each starting runs of 1 to 4 processes, and
-# torch's default of a thread per core has the threads of every process spin against each other (15% of the suite's
-# time). Results do not depend on it; every process a test starts inherits it.
+# One thread per process: the suite runs three workers on CI's 2 cores, each starting jobs of 1 to 4 processes, and
+# torch's default of a thread per core has the threads of every process spin against each other. Results do not
+# depend on it; every process a test starts inherits it.
 os.environ["OMP_NUM_THREADS"] = "1"
-torch.set_num_threads(1)  # this process's own, read when torch was imported
+torch.set_num_threads(1)
 
-TRAIN_SIZE, TEST_SIZE = 1200, 301  # 301 divides by neither 2 nor 3 ranks
+TRAIN_SIZE, TEST_SIZE = 1200, 301  # 301 divides by neither 2 nor 3 processes
 
 
 @pytest.fixture(scope="session")
@@ -27,14 +27,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-# The longest files first (about 130 s down to 15 s with three workers on the development VM's 2 cores): pytest-xdist
-# hands out whole files in the order of collection (`--dist loadfile --no-loadscope-reorder`: otherwise the files
-# with the most tests first), and a long file handed out last keeps one worker busy after the others are done.
-LONGEST_FIRST = [
-    *("test_errors", "test_elastic", "test_stalls", "test_multinode_failures", "test_faults", "test_multinode"),
-    *("test_run_folder", "test_job_start_and_end", "test_checkpoint_forms", "test_same_settings", "test_trainjob"),
-    *("test_speed", "test_correctness", "test_cli", "test_predict", "test_parser_messages", "test_ddp", "test_docs"),
-]
+# The longest files first: pytest-xdist hands out whole files in the order of collection, and a long file handed out
+# last keeps one worker busy after the others are done.
+LONGEST_FIRST = ["test_multinode", "test_program", "test_continuation", "test_graceful_stop", "test_stall_watchdog"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,30 +37,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = item.module.__name__.rsplit(".", 1)[-1]
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
-    items.sort(key=place)  # stable: the tests of a file keep their order
+    items.sort(key=place)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The system's temporary folder of the processes the tests start, inside pytest's own (which keeps the last
-    three sessions): torchrun leaves a folder there for each job it runs (`torchelastic_*`, its workers' logs), and
-    without this they would pile up in /tmp, hundreds a week."""
+    """The temporary folder of the processes the tests start inside pytest's own (torchrun leaves one per job)."""
     folder = tmp_path_factory.mktemp("tmp")
     os.environ["TMPDIR"] = str(folder)
     return folder
 
 
 @pytest.fixture(autouse=True)
-def restore_signal_handlers_and_environment():
-    """Put this process's signal handlers and environment variables back after each test.
-
-    A signal ignored here (as Lightning ignores SIGINT after a KeyboardInterrupt) would be inherited by every
-    train.py a later test starts, which Ctrl-C would not stop. A test that runs train.py inside this process lets
-    Lightning set MASTER_PORT, NODE_RANK, LOCAL_RANK, ... here: a train.py started later by another test would
-    inherit them, and with LOCAL_RANK set Lightning takes the processes to be started by someone else and waits for
-    ranks that never come.
-    """
-    with signal_handlers_and_environment_kept():
+def kept():
+    """A run in this process sets signal handlers and variables (MASTER_PORT, ...) that a later one would inherit."""
+    with state_kept():
         yield
 
 
@@ -73,9 +59,18 @@ def restore_signal_handlers_and_environment():
 def checkpoint(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     """A SeqNet trained for one epoch on the synthetic MNIST, and its test accuracy as the run logged it."""
     root = tmp_path_factory.mktemp("runs")
-    common = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
     argv = ("--data.dataset", "mnist", "--data.data_dir", str(data_dir), "--data.val_size", "200")
-    result = run_in_process(*common, *argv, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root))
+    result = run_in_process(
+        *argv,
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.default_root_dir",
+        str(root),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (root / "SeqNet-mnist").iterdir()
     best = next(path for path in (run / "checkpoints").iterdir() if path.name != "last.ckpt")

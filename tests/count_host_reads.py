@@ -18,11 +18,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.main import main  # noqa: E402
+from train import main  # noqa: E402
 
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
 STEP = "optimizer step"
-CALL = "call "  # the prefix of a call of the project's own code: "call fault_guard.py:on_train_batch_end"
+CALL = "call "  # the prefix of a call of the project's own code: "call graceful_stop.py:on_train_batch_end"
 APP = str(Path(__file__).resolve().parents[1] / "app") + os.sep
 
 

@@ -4,7 +4,7 @@ import time
 
 from lightning.pytorch import Callback, Trainer
 
-from app.run.dashboard import Dashboard
+from app.callbacks.dashboard import Dashboard
 from datamodules import MNISTDataModule
 from models import SeqNet
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from app.main import main
-from tests.helpers import run_command, run_in_process, run_train
+from tests.helpers import run_command, run_in_process, run_job
 from tests.synthetic import read_idx_images
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +62,12 @@ def test_the_onnxruntime_example_classifies_pictures_as_predict_does(checkpoint,
         paper.save(pictures / f"{index:02d}.png")
     (tmp_path / "classify.py").write_text(python_block(REPO / "docs" / "use-the-model.md"))
     shutil.copy(REPO / "datamodules" / "images.py", tmp_path / "images.py")  # as the page says
-    main(["export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "model.onnx")])
+    assert (
+        run_in_process(
+            "export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "model.onnx")
+        ).returncode
+        == 0
+    )
     files = sorted(str(path) for path in pictures.iterdir())
     example = subprocess.run(
         [sys.executable, "classify.py", "model.onnx", *files], cwd=tmp_path, capture_output=True, text=True, timeout=60
@@ -99,11 +103,13 @@ def test_the_global_batch_line_of_the_configuration_page_is_what_a_run_prints(da
     training images); the same run on the small test set prints it with its own number of steps."""
     (documented,) = re.findall(r"(?m)^Global batch .*$", (REPO / "docs" / "configuration.md").read_text())
     pattern = re.escape(documented).replace("4300", r"\d+").replace("430", r"\d+")
-    result = run_train(
+    result = run_job(
+        2,
         *("fit", "--data.data_dir", str(data_dir), "--data.val_size", "200", "--devices", "2"),
         *("--trainer.accelerator", "cpu"),
         *("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "0"),
         *("--trainer.default_root_dir", str(tmp_path)),
+        folder=tmp_path / "logs",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(pattern, result.stdout + result.stderr), (documented, result.stderr[-2000:])

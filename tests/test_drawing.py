@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from app.run.drawing import DARK, LIGHT, RED, confusion_picture, sample_grid
+from app.callbacks.drawing import DARK, LIGHT, RED, confusion_picture, sample_grid
 
 
 def is_red(pixels: np.ndarray) -> np.ndarray:

@@ -10,15 +10,16 @@ import onnxruntime
 import pytest
 import torch
 
-from app.main import main
 from models import SeqNet
-from tests.helpers import ends_in_error
+from tests.helpers import one_error_line, run_in_process
 from tests.synthetic import read_idx_images
 
 
 def export(capsys, checkpoint: Path, export_format: str, output: Path) -> None:
-    main(["export", "--ckpt_path", str(checkpoint), "--format", export_format, "--output", str(output)])
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"Exported: {output}"
+    result = run_in_process(
+        "export", "--ckpt_path", str(checkpoint), "--format", export_format, "--output", str(output)
+    )
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == f"Exported: {output}", result.stderr
 
 
 def checkpoint_logits(checkpoint: Path, images: np.ndarray) -> np.ndarray:
@@ -55,7 +56,7 @@ def test_exported_model_takes_pixels_and_gives_the_checkpoints_logits(
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"--format": "tflite"}, "--format tflite: unknown format"),
+        ({"--format": "tflite"}, "argument --format: invalid choice: 'tflite'"),
         ({"--ckpt_path": "no/such.ckpt"}, "--ckpt_path no/such.ckpt: no such file"),
         ({"--output": "a_file/model.onnx"}, "cannot write there"),
         ({"--output": None}, "required: --output"),
@@ -71,19 +72,17 @@ def test_bad_export_arguments_end_in_one_line(checkpoint, tmp_path, monkeypatch,
     (tmp_path / "a_file").write_text("a file, not a folder")
     options = {"--ckpt_path": str(best), "--format": "onnx", "--output": "model.onnx", **change}
     argv = [item for name, value in options.items() if value is not None for item in (name, value)]
-    with ends_in_error() as said:
-        main(["export", *argv])
-    message = said.line
-    assert isinstance(message, str) and message.startswith("error: ") and words in message and "\n" not in message
+    one_error_line(run_in_process("export", *argv), words)
     assert not (tmp_path / "model.onnx").exists() and not (tmp_path / "new").exists()
 
 
 def test_onnx_without_its_package_says_which_extra_to_install(checkpoint, tmp_path, monkeypatch):
     best, _ = checkpoint
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
-    with ends_in_error() as said:
-        main(["export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "m.onnx")])
-    assert said.line == "error: --format onnx needs the onnx package: pip install -e '.[export]'."
+    result = run_in_process(
+        "export", "--ckpt_path", str(best), "--format", "onnx", "--output", str(tmp_path / "m.onnx")
+    )
+    assert one_error_line(result) == "error: --format onnx needs the onnx package: pip install -e '.[export]'."
 
 
 @pytest.mark.parametrize("export_format", ["onnx", "torchscript"])
@@ -97,8 +96,7 @@ def test_an_export_cut_short_leaves_no_file_and_runs_again(checkpoint, tmp_path,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", cut_short)
-    with pytest.raises(SystemExit):
-        main(["export", "--ckpt_path", str(best), "--format", export_format, "--output", str(output)])
+    run_in_process("export", "--ckpt_path", str(best), "--format", export_format, "--output", str(output))
     assert list(tmp_path.iterdir()) == []
     monkeypatch.undo()
     export(capsys, best, export_format, output)
@@ -111,11 +109,9 @@ def test_a_checkpoint_that_does_not_name_its_dataset_is_exported_with_the_one_gi
     del contents["datamodule_hyper_parameters"]
     torch.save(contents, tmp_path / "own.ckpt")
     argv = ["export", "--ckpt_path", str(tmp_path / "own.ckpt"), "--format", "onnx", "--output", str(tmp_path / "m")]
-    with ends_in_error() as said:
-        main(argv)
-    assert said.line.endswith(
-        "does not say which dataset its model was trained on: give it with --data.dataset (mnist or fashion_mnist)."
-    ), said.line
-    main([*argv, "--data.dataset", "mnist"])
+    assert one_error_line(run_in_process(*argv)).endswith(
+        "does not say which dataset it was trained on: give it with --data.dataset (mnist or fashion_mnist)."
+    )
+    assert run_in_process(*argv, "--data.dataset", "mnist").returncode == 0
     metadata = onnxruntime.InferenceSession(str(tmp_path / "m")).get_modelmeta().custom_metadata_map
     assert metadata["dataset"] == "mnist"

@@ -3,7 +3,7 @@ continues to the weights of a run never stopped, a bug is one short traceback, C
 without DDP's warning about gradient strides, and `--model.cuda_graph` trains to the weights of the usual step.
 
 One process on the one GPU: NCCL refuses two ranks on one device, so the cases of several processes run on the CPU
-with gloo (test_faults.py, test_stalls.py, test_errors.py), on a GPU machine too."""
+with gloo (test_graceful_stop.py, test_stall_watchdog.py, test_continuation.py), on a GPU machine too."""
 
 import re
 import shutil
@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from tests.helpers import max_difference, run_train, small_run
-from tests.test_errors import assert_one_short_traceback
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,7 +26,7 @@ LAST = Path("SeqNet-mnist") / "version_0" / "checkpoints" / "last.ckpt"
 
 def on_the_gpu(data_dir: Path, root: Path, *args: str) -> list[str]:
     """One process on the GPU, two epochs of 20 steps, deterministic, the stop check every 4 steps."""
-    deterministic = ("--trainer.deterministic", "true", "--fault_guard.every_n_steps", "4")
+    deterministic = ("--trainer.deterministic", "true", "--stop.every_n_steps", "4")
     return small_run(data_dir, root, *deterministic, *args, devices=1, accelerator="gpu", max_epochs=2)
 
 
@@ -37,7 +36,7 @@ def test_on_the_gpu_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_sto
     assert "GPU available: True (cuda), used: True" in uninterrupted.stdout + uninterrupted.stderr
 
     root = tmp_path / "stopped"
-    sigterm = ("--trainer.callbacks+=tests.helpers.SigtermAfterStep", "--trainer.callbacks.step", "13")
+    sigterm = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step", "13")
     stopped = run_train("fit", *on_the_gpu(data_dir, root, *sigterm))
     assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
     assert re.search(r"Stopped by SIGTERM in epoch 0, after step 16;", stopped.stdout + stopped.stderr)
@@ -52,9 +51,8 @@ def test_on_the_gpu_a_stop_mid_epoch_continues_to_the_weights_of_a_run_never_sto
 
 
 def test_on_the_gpu_a_bug_is_one_short_traceback(data_dir, tmp_path):
-    failing = on_the_gpu(data_dir, tmp_path, "--trainer.callbacks+=tests.helpers.FailOnRank")
-    result = run_train("fit", *failing)
-    assert_one_short_traceback(result)
+    result = run_train("fit", *on_the_gpu(data_dir, tmp_path, "--trainer.callbacks+=tests.test_cli.Bug"))
+    assert result.returncode == 1 and result.stderr.count("error: an unexpected ZeroDivisionError") == 1
 
 
 def test_on_the_gpu_convnet_in_channels_last_trains_without_a_warning_from_ddp(data_dir, tmp_path):

@@ -158,10 +158,10 @@ def test_a_model_added_as_a_file_under_models_trains_as_model_name(data_dir, tmp
     (program / "models" / "tinynet.py").write_text(TINYNET)
     (program / "models" / "draft.py").write_text("class Draft(ImageClassifier\n")  # a file not finished yet
     args = small_run(data_dir, tmp_path / "runs", "--model", "TinyNet", model=None)
-    result = run_train(*args, "--model.width", "4", "--trainer.limit_train_batches", "2", timeout=120, repo=program)
+    result = run_train(*args, "--model.width", "4", "--trainer.limit_train_batches", "2", timeout=120, cwd=program)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "runs" / "TinyNet-mnist" / "version_0" / "checkpoints" / "last.ckpt").is_file()
-    listed = run_train("--help", timeout=60, repo=program)
-    assert "--model names it: ConvNet, SeqNet, TinyNet." in listed.stdout
+    listed = run_train("fit", "--help", timeout=60, cwd=program)
+    assert "models.tinynet.TinyNet" in listed.stdout
     (said,) = [line for line in listed.stderr.splitlines() if "draft.py" in line]  # one line, no traceback
     assert said.startswith("models/draft.py could not be imported (SyntaxError: ") and "Traceback" not in listed.stderr

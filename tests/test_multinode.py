@@ -1,79 +1,282 @@
-"""Several "nodes" of train.py on this machine (scripts/local_cluster.sh): 2 nodes x 2 devices, CPU, gloo."""
+"""Several "nodes" of train.py on this machine, real processes of every launcher: Lightning's and torchrun under
+scripts/local_cluster.sh (also an elastic torchrun job that loses a node, or gains one), a Kubeflow TrainJob's and a
+PyTorchJob's pods played with their operators' variables, and two hosts in network namespaces."""
 
 import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.conftest import TEST_SIZE, TRAIN_SIZE
-from tests.helpers import NO_NETWORK, REPO, SMALL_RUN, free_port, run_local_cluster, scalars, small_run, wait_for
+from tests.conftest import TRAIN_SIZE
+from tests.helpers import (
+    NO_NETWORK,
+    REPO,
+    free_port,
+    left_behind,
+    max_difference,
+    run_command,
+    scalars,
+    small_run,
+    wait_for,
+)
 
-pytestmark = pytest.mark.slow  # long multi-process runs: `make test-fast` leaves them out
+pytestmark = pytest.mark.slow
 
-VAL_SIZE = SMALL_RUN["--data.val_size"]
-# How long the processes wait for each other.
-TIMEOUT_5S = ("--trainer.strategy", "DDPStrategy", "--trainer.strategy.timeout", "0:00:05")
-
-
-def common(data_dir: Path, root: Path) -> list[str]:
-    return small_run(data_dir, root, accelerator=None)  # local_cluster.sh gives each node its --devices
+LAST = Path("SeqNet-mnist") / "version_0" / "checkpoints" / "last.ckpt"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-def train_command(data_dir: Path, root: Path, *args: str) -> list[str]:
-    return [sys.executable, "train.py", *common(data_dir, root), "--trainer.accelerator", "cpu", *args]
+def cluster(nodes: int, devices: int, *args: str, launcher: str = "lightning", env: dict | None = None, timeout=240):
+    """`scripts/local_cluster.sh NODES DEVICES -- ARGS`."""
+    variables = {"LAUNCHER": launcher, "PYTHON": sys.executable, **(env or {})}
+    return run_command(["scripts/local_cluster.sh", str(nodes), str(devices), "--", *args], timeout, variables)
 
 
-@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
-def test_two_nodes_of_two_devices_train_as_one_job(data_dir, tmp_path, launcher):
-    result = run_local_cluster(
-        2, 2, *common(data_dir, tmp_path), "--trainer.callbacks+=tests.helpers.RecordTrainSamples", launcher=launcher
-    )
+def final(root: Path) -> dict:
+    return torch.load(root / LAST, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.parametrize(("launcher", "devices"), [("lightning", 2), ("torchrun", 1)])
+def test_the_nodes_of_a_job_train_one_run_each_sample_once(data_dir, tmp_path, launcher, devices):
+    record = "--trainer.callbacks+=tests.instruments.RecordTrainSamples"
+    result = cluster(2, devices, *small_run(data_dir, tmp_path, record, accelerator=None), launcher=launcher)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    assert "terminate called" not in output
+    processes = 2 * devices
+    assert output.count(f"Global batch {50 * processes} = 50 per device x {processes} processes") == 1
+    seen = [json.loads(path.read_text()) for path in (tmp_path / "samples").glob("rank*_epoch0.json")]
+    assert len(seen) == processes and sorted(sum(seen, [])) == list(range(TRAIN_SIZE - 200))
+    assert [p.name for p in (tmp_path / "SeqNet-mnist").iterdir()] == ["version_0"]  # one run, by global rank 0
+    assert output.count("Finished: test/acc") == 1 and "terminate called" not in output
 
-    ranks = sorted(re.findall(r"GLOBAL_RANK: (\d), MEMBER: \d/(\d)", output))
-    assert ranks == [("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")]
-    assert output.count("Global batch 200 = 50 per device x 4 processes") == 1
 
-    shards = [json.loads((tmp_path / "samples" / f"rank{rank}_epoch0.json").read_text()) for rank in range(4)]
-    train_size = TRAIN_SIZE - VAL_SIZE
-    assert [len(shard) for shard in shards] == [train_size // 4] * 4
-    assert sorted(sum(shards, [])) == list(range(train_size))
+# The elastic cases: two epochs of 10 steps of a global batch of 100, deterministic plain SGD, a check and a save
+# every 2 steps; no --devices or --num_nodes: torchrun's.
+ELASTIC = (
+    "--trainer.deterministic",
+    "true",
+    "--model.optimizer",
+    "SGD",
+    "--model.optimizer.lr",
+    "0.05",
+    "--stop.every_n_steps",
+    "2",
+    "--stop.save_every_s",
+    "0",
+    "--ckpt_path",
+    "last",
+)
 
-    (run_dir,) = (tmp_path / "SeqNet-mnist").iterdir()  # global rank 0 alone made a run folder
-    writer_pids = {re.search(r"\.(\d+)\.\d+$", p.name).group(1) for p in run_dir.glob("events.out.tfevents.*")}
-    assert len(writer_pids) == 1
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == "last.ckpt"
-    assert len(scalars(run_dir)["test/acc"]) == 1
-    assert output.count("Finished: test/acc") == 1  # reported once, by global rank 0
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    result = run_command(
+        [sys.executable, "train.py", "fit", *small_run(data_dir, root, *ELASTIC, devices=2, max_epochs=2)]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return final(root)["state_dict"]
+
+
+def test_an_elastic_job_that_loses_a_node_finishes_on_the_other(data_dir, tmp_path, uninterrupted):
+    kill = ("--trainer.callbacks+=tests.instruments.KillNodeOnce", "--trainer.callbacks.step", "13")
+    args = small_run(data_dir, tmp_path, *ELASTIC, *kill, max_epochs=2)
+    result = cluster(2, 1, *args, launcher="torchrun", env={"NNODES": "1:2", "MAX_RESTARTS": "2"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert (tmp_path / "node-killed").exists() and [p.name for p in (tmp_path / "SeqNet-mnist").iterdir()] == [
+        "version_0"
+    ]
+    assert (
+        "Continuing a run of 2 processes on 1: per-device batch 50 -> 100, to keep the global batch of 100." in output
+    )
+    assert output.count("Finished: test/acc") == 1 and len(scalars(tmp_path / LAST.parents[1])["val/acc"]) == 2
+    assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-4
+
+
+def test_an_elastic_job_that_a_node_joins_grows(data_dir, tmp_path, uninterrupted):
+    port, env = str(free_port()), {"NNODES": "1:2", "MAX_RESTARTS": "1", "LAUNCHER": "torchrun"}
+    env = {**os.environ, **NO_NETWORK, **env, "MASTER_PORT": port, "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1"}
+    hold = ("--trainer.callbacks+=tests.instruments.HoldUntilStopped", "--trainer.callbacks.step", "13")
+    command = [
+        "scripts/local_cluster.sh",
+        "1",
+        "1",
+        "--",
+        *small_run(data_dir, tmp_path, *ELASTIC, *hold, max_epochs=2, batch_size=100),
+    ]
+    nodes = [
+        subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    ]
+    try:
+        wait_for(lambda: (tmp_path / "held").exists() or nodes[0].poll() is not None, 120, "node 0 to reach step 13")
+        nodes.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env={**env, "FIRST_NODE": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:]
+    assert "Stopped by SIGTERM in epoch 1, after step 14;" in outputs[0]  # torchrun stopped it for the new node
+    assert "Continuing a run of 1 processes on 2: per-device batch 100 -> 50" in "".join(outputs)
+    assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-4
+
+
+def pods(args, env_of, command: list[str], nodes: int = 2, timeout: float = 240) -> list[tuple[int, str]]:
+    """Each pod's exit status and output: `command ARGS` (or `args(node)`) with `env_of(node)`'s variables; nothing
+    is left behind."""
+    started = []
+    for node in range(nodes):
+        env = {**os.environ, **NO_NETWORK, **env_of(node), "PYTHONUNBUFFERED": "1"}
+        arguments = args(node) if callable(args) else args
+        started.append(
+            subprocess.Popen(
+                [*command, *arguments],
+                cwd=REPO,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    try:
+        outputs = [pod.communicate(timeout=timeout)[0] for pod in started]
+        assert all(left_behind(pod.pid) == "" for pod in started)
+    finally:
+        for pod in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.pid, signal.SIGKILL)
+    return [(pod.returncode, output) for pod, output in zip(started, outputs, strict=True)]
+
+
+def test_a_trainjobs_nodes_train_one_run_with_the_processes_its_runtime_sets(data_dir, tmp_path):
+    """The variables of the Kubeflow Trainer's torch plugin (PET_*, read by torchrun); `--devices 2`, which the
+    TrainJob contradicts, gives way to what torchrun started, said in a line."""
+    port = str(free_port())
+
+    def plugin(node):
+        return {
+            "PET_NNODES": "2",
+            "PET_NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(node),
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": port,
+        }
+
+    (status_0, out_0), (status_1, out_1) = pods(
+        small_run(data_dir, tmp_path, devices=2), plugin, [TORCHRUN, "train.py"]
+    )
+    assert status_0 == status_1 == 0, out_0[-3000:] + out_1[-3000:]
+    said = "torchrun started 2 node(s) x 1 process(es): training on those, not --devices 2 --num_nodes 1."
+    assert said in out_0 and "Finished: test/acc" in out_0
+    assert [p.name for p in (tmp_path / "SeqNet-mnist").iterdir()] == ["version_0"]
+
+
+def test_a_pytorchjob_whose_pod_is_killed_continues_when_the_operator_restarts_its_pods(
+    data_dir, tmp_path, uninterrupted
+):
+    """One process a pod, with the Training Operator's variables; pod 1 is killed in epoch 1, pod 0 loses it; the
+    operator starts both again (restartPolicy: OnFailure), and the run goes on from its last checkpoint."""
+    port = str(free_port())
+
+    def operator(node):
+        return {
+            "WORLD_SIZE": "2",
+            "RANK": str(node),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+        }
+
+    kubeflow = ("--trainer.plugins", "lightning.pytorch.plugins.environments.KubeflowEnvironment")
+    args = small_run(data_dir, tmp_path, *ELASTIC, *kubeflow, max_epochs=2)
+    kill = (
+        "--trainer.callbacks+=tests.instruments.KillNodeOnce",
+        "--trainer.callbacks.step",
+        "13",
+        "--trainer.callbacks.node",
+        "false",
+    )
+    (status_0, out_0), (status_1, _) = pods([*args, *kill], operator, [sys.executable, "train.py"])
+    assert status_1 == -signal.SIGKILL and status_0 == 1, out_0[-3000:]
+    assert "error: lost the connection to another process of the job" in out_0
+    (status_0, out_0), (status_1, _) = pods(args, operator, [sys.executable, "train.py"])
+    assert status_0 == status_1 == 0, out_0[-3000:]
+    assert re.search(r"--ckpt_path last: continuing \S+version_0, from checkpoints/last\.ckpt \(step 1[0-9]", out_0)
+    assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-4
+
+
+def test_a_node_whose_data_is_missing_says_so_and_the_job_ends_keeping_nothing(data_dir, tmp_path):
+    """The node's process says what is missing, with its rank and host; the other loses it, and says so."""
+    port = str(free_port())
+
+    def plugin(node):
+        return {
+            "PET_NNODES": "2",
+            "PET_NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(node),
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": port,
+        }
+
+    missing = tmp_path / "not-there"
+    args = lambda node: small_run(missing if node else data_dir, tmp_path)  # noqa: E731
+    (status_0, out_0), (status_1, out_1) = pods(args, plugin, [TORCHRUN, "train.py"], timeout=120)
+    assert status_0 != 0 and status_1 != 0
+    said = [[line for line in output.splitlines() if line.startswith("error")] for output in (out_1, out_0)]
+    assert len(said[0]) == 1, said
+    assert said[0][0].startswith(f"error (rank 1 on {socket.gethostname()}): MNIST is not in {missing}"), said
+    assert said[1] == [
+        "error: lost the connection to another process of the job, which ended first (its output says"
+        " why; one killed by SIGKILL, for want of memory say, says nothing)."
+    ], said
+    assert not (tmp_path / "SeqNet-mnist").exists()
 
 
 def test_two_hosts_with_their_own_addresses_find_each_other(data_dir, tmp_path, two_hosts):
-    """Gloo would advertise 127.0.0.1 on these hosts; train.py picks the interface that routes to MASTER_ADDR."""
-    env = {**os.environ, "MASTER_ADDR": "10.99.0.1", "MASTER_PORT": "29712", "PYTHONUNBUFFERED": "1"}
+    """Gloo would advertise 127.0.0.1 on these hosts; the rendezvous names the interface that reaches node 0."""
+    env = {**os.environ, **NO_NETWORK, "MASTER_ADDR": "10.99.0.1", "MASTER_PORT": "29712", "PYTHONUNBUFFERED": "1"}
     env = {key: value for key, value in env.items() if not key.endswith("_SOCKET_IFNAME")}
-    nodes = []
-    for rank, host in enumerate(two_hosts):
-        command = [
-            "ip",
-            "netns",
-            "exec",
-            host,
-            *train_command(data_dir, tmp_path, "--devices", "1", "--num_nodes", "2"),
-        ]
-        nodes.append(
-            subprocess.Popen(
-                command, cwd=REPO, env={**env, "NODE_RANK": str(rank)}, text=True, start_new_session=True,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            )
-        )  # fmt: skip
+    command = [sys.executable, "train.py", *small_run(data_dir, tmp_path, "--num_nodes", "2", devices=1)]
+    nodes = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", host, *command],
+            cwd=REPO,
+            env={**env, "NODE_RANK": str(rank)},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for rank, host in enumerate(two_hosts)
+    ]
     try:
         outputs = [node.communicate(timeout=180)[0] for node in nodes]
     finally:
@@ -81,72 +284,6 @@ def test_two_hosts_with_their_own_addresses_find_each_other(data_dir, tmp_path, 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    assert f"Reaching MASTER_ADDR through {two_hosts[0]}v" in outputs[0]
-    assert f"Reaching MASTER_ADDR through {two_hosts[1]}v" in outputs[1]
+    for rank, host in enumerate(two_hosts):
+        assert f"Reaching the first node (10.99.0.1) through {host}v" in outputs[rank]
     assert "Finished: test/acc" in outputs[0]
-
-
-def test_predict_on_nodes_without_a_shared_folder_writes_every_row_on_node_0(checkpoint, tmp_path):
-    """Each "node" runs in a folder of its own, as on cloud machines without a shared filesystem: the rows of node 1
-    reach node 0 through the process group, and node 1 writes nothing."""
-    best, _ = checkpoint
-    command = [sys.executable, str(REPO / "train.py"), "predict", "--ckpt_path", str(best), "--devices", "1"]
-    command += ["--num_nodes", "2", "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false"]
-    command += ["--predictions.path", "predictions.csv", "--trainer.default_root_dir", "runs"]
-    env = {**os.environ, **NO_NETWORK, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    nodes = []
-    for rank in range(2):
-        (tmp_path / f"node{rank}").mkdir()
-        nodes.append(
-            subprocess.Popen(
-                command,
-                cwd=tmp_path / f"node{rank}",
-                env={**env, "NODE_RANK": str(rank)},
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        )
-    try:
-        outputs = [node.communicate(timeout=180) for node in nodes]
-    finally:
-        for node in nodes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGKILL)
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    with (tmp_path / "node0" / "predictions.csv").open() as rows:
-        indices = [int(line.split(",")[0]) for line in list(rows)[1:]]
-    assert indices == list(range(TEST_SIZE))  # every test image once, in order, from both nodes
-    assert not list((tmp_path / "node1").glob("*predictions*")) and not list((tmp_path / "node1").glob(".*"))
-
-
-# A node of the local cluster as a shell: it says that SIGTERM reached it, and ends by it.
-NODE = """#!/usr/bin/env bash
-trap 'echo "node $NODE_RANK: TERM"; trap - TERM; kill -TERM $$' TERM
-touch "$NODES_READY/$NODE_RANK"
-sleep 60 & wait $!
-"""
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_of_the_local_cluster_reaches_every_node(tmp_path, signum):
-    """Each node is a session of its own, which a terminal's Ctrl-C does not reach: the script stops them by SIGTERM,
-    as a cluster stops its nodes, each of which then stops at one step and keeps it (tests/test_faults.py). It killed
-    them, and the run kept nothing. Here a node is a stand-in that says that SIGTERM reached it."""
-    (node := tmp_path / "python").write_text(NODE)
-    node.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(node), "MASTER_PORT": str(free_port()), "NODES_READY": str(tmp_path)}
-    script = subprocess.Popen(
-        ["scripts/local_cluster.sh", "2", "1", "--"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: {"0", "1"} <= {path.name for path in tmp_path.iterdir()}, 30, "both nodes to start", 0.05)
-        script.send_signal(signum)  # the script alone, as Ctrl-C in its terminal
-        output, _ = script.communicate(timeout=30)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(script.pid, signal.SIGKILL)
-    assert sorted(output.split("\n")[:2]) == ["node 0: TERM", "node 1: TERM"], output
-    assert script.returncode == 128 + signum

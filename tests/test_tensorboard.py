@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.run.tensorboard import HPARAMS_METRICS
-from tests.helpers import REPO, free_port, run_train, small_run
+from app.runs import METRICS as HPARAMS_METRICS
+from tests.helpers import REPO, free_port, run_job, small_run
 
 RUN = "ConvNet-mnist/version_0"
 STATUSES = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
@@ -21,9 +21,11 @@ def log_root(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     """A ConvNet run of 2 epochs: its runs folder, and the dashboard command it printed."""
     root = tmp_path_factory.mktemp("runs")
     options = ("--trainer.log_every_n_steps", "2", "--dashboard.log_graph", "true")
-    result = run_train(*small_run(data_dir, root, *options, model="ConvNet", max_epochs=2, devices=2))
+    result = run_job(
+        2, *small_run(data_dir, root, *options, model="ConvNet", max_epochs=2, devices=2), folder=root / "logs"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    (dashboard,) = [line for line in (result.stderr + result.stdout).splitlines() if line.startswith("Dashboard: ")]
+    (dashboard,) = [line for line in result.stdout.splitlines() if line.startswith("Dashboard: ")]
     return root, dashboard.removeprefix("Dashboard: ")
 
 

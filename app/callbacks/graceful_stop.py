@@ -1,0 +1,238 @@
+"""GracefulStop: every process of the job stops at one step on a stop signal or a diverged loss, and keeps it."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+
+import torch
+from jsonargparse.typing import PositiveInt
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+
+from app.console import UserError, say
+
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (hang-up)"}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Stopped(Exception):
+    """Every process stopped at one step after the stop signal `signum`, having saved `checkpoint` there (None:
+    nothing). train.py then ends by that signal, as a shell expects (130 after Ctrl-C, 143 after SIGTERM)."""
+
+    def __init__(self, signum: int, checkpoint: str | None = None) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum, self.checkpoint = signum, checkpoint
+
+
+class GracefulStop(Callback):
+    """Stop every process of the job at the same step on SIGTERM, Ctrl-C (SIGINT), a hang-up (SIGHUP), SLURM's
+    requeue signal or a training loss that became NaN or infinite, and keep that step.
+
+    Args:
+        every_n_steps: Optimizer steps between two checks, each one all-reduce of four flags (a stop signal, SLURM's
+            requeue signal, a non-finite loss, a timed save); one more at each epoch's last batch and at its end.
+        checkpoint: The `ModelCheckpoint` whose folder a stop saves `last.ckpt` into, with the training loader's
+            position (a continued run takes the next sample); None: a stop keeps nothing.
+        save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (None: never); a new
+            run then also saves its weights before its first step.
+
+    The signal handlers only record the signal (a handler that runs a collective hangs when it meets another
+    process's gradient all-reduce, as Lightning's SIGTERM handler may); the processes act on it at the next check,
+    together: `last.ckpt` is saved and every process raises `Stopped`. SIGTERM and SIGHUP are passed on to the
+    processes Lightning's launcher started, as Lightning does. A signal before the stage's loops stops every process
+    as they start, keeping nothing; one during an evaluation stops it at once (nothing to keep), as does a second
+    Ctrl-C a second after the first (a terminal that delivers one press twice is one press). After SLURM's signal
+    `scontrol requeue` puts the job back in the queue. A non-finite loss is kept on the device, every step's, and
+    read at the checks: `UserError` before `last.ckpt` would hold the diverged weights. A signal ignored when the
+    stage starts (SIGHUP under `nohup`) stays ignored; the handlers from before come back when the stage ends.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: PositiveInt = 50,
+        checkpoint: ModelCheckpoint | None = None,
+        save_every_s: float | None = None,
+    ) -> None:
+        self.every_n_steps, self.checkpoint, self.save_every_s = every_n_steps, checkpoint, save_every_s
+        self.signal: int | None = None  # the first stop signal, until the processes act on it
+        self.requeue = False
+        self._trainer: Trainer | None = None
+        self._previous: dict[int, object] = {}  # the handlers this one replaced
+        self._active = self._evaluating = self._said = False
+        self._first_at = 0.0
+        self._nonfinite: torch.Tensor | None = None  # on the device: any loss since the last check not finite
+        self._step_seen = self._saved_at = 0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer, self._active, self._evaluating = trainer, True, False
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        slurm = isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal
+        self._signals = (*STOP_SIGNALS, *([environment.requeue_signal] if slurm else []))
+        self._catch()  # before Lightning's own: it then leaves SLURM's signal to this one
+
+    def _catch(self) -> None:
+        """Handle the stop signals here, again after Lightning put its SIGTERM handler in (also at each loop start)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self._signals:
+            if self._previous.get(signum, signal.getsignal(signum)) is not signal.SIG_IGN:
+                handler = signal.signal(signum, self._on_signal)
+                if signum not in self._previous and handler != self._on_signal:
+                    self._previous[signum] = handler
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Record the signal; no collective, no printing (a handler that writes where the program was writing fails
+        with "reentrant call")."""
+        if not self._active:  # after a stage that failed, Lightning put this handler back: as the one before
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signum)
+            return
+        if signum not in STOP_SIGNALS:  # SLURM's
+            self.requeue = True
+            return
+        if signum == signal.SIGHUP and sys.stdout.isatty():  # the terminal is gone: writing to it would fail
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.dup2(devnull, sys.stderr.fileno())
+        if signum != signal.SIGINT and self.signal is None and self._trainer.strategy.launcher is not None:
+            self._trainer.strategy.launcher.kill(signum)
+        again = signum == signal.SIGINT == self.signal and time.monotonic() - self._first_at >= 1.0
+        if self._evaluating or again:
+            self._active, self.signal = False, None
+            raise Stopped(signum)
+        if self.signal is None:
+            self.signal, self._first_at = signum, time.monotonic()
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._catch()
+        self._agree(trainer)
+
+    on_sanity_check_end = on_sanity_check_start
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.on_sanity_check_start(trainer, pl_module)
+        self._saved_at, self._step_seen = time.monotonic(), trainer.global_step
+        # Lightning broadcasts its own SIGTERM flag before every training step under DDP, and reads it back: a wait
+        # for the device at every step (Lightning-AI/pytorch-lightning#21487). This callback takes SIGTERM in its
+        # place (a flag Lightning's handler set before the loops is agreed on above), so the broadcast has nothing
+        # to say; the loop's own method is back at the stage's end (`_put_back`).
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _nothing
+        if self.save_every_s is not None and trainer.global_step == 0 and self.checkpoint is not None:
+            trainer.save_checkpoint(self._path(), weights_only=False)  # a process lost at once restarts this run
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # an evaluation of its own: a stop stops it at once
+            self._evaluating = True
+            self.on_sanity_check_start(trainer, pl_module)
+
+    on_test_start = on_predict_start = on_validation_start
+
+    def _agree(self, trainer: Trainer) -> None:
+        """Before the stage's training: a signal any process got stops every one, here, keeping nothing."""
+        flag = torch.tensor(
+            [self.signal or signal.SIGTERM * trainer.received_sigterm], device=trainer.strategy.root_device
+        )
+        signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if signum:
+            say(f"Stopped by {NAMES[signum]} before the first training step of this command: it kept nothing.")
+            self.signal = None
+            raise Stopped(signum)
+
+    def on_validation_batch_end(self, trainer: Trainer, *args, **kwargs) -> None:
+        if self.signal and not self._said and not self._evaluating and not trainer.sanity_checking:
+            self._said = True
+            step = (trainer.global_step // self.every_n_steps + 1) * self.every_n_steps
+            say(
+                f"{NAMES[self.signal]}: the run stops after this validation, at the end of epoch"
+                f" {trainer.current_epoch} or after step {step}, whichever comes first."
+            )
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
+            bad = ~torch.isfinite(loss.detach())
+            self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        step, last = trainer.global_step, trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        if last or (step != self._step_seen and step % self.every_n_steps == 0):
+            self._check(trainer, loss_only=last)  # at the epoch's last batch: before its checkpoints are saved
+        self._step_seen = step
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check(trainer, at_epoch_end=True)
+
+    def _check(self, trainer: Trainer, loss_only: bool = False, at_epoch_end: bool = False) -> None:
+        save_due = self.save_every_s is not None and time.monotonic() - self._saved_at >= self.save_every_s
+        flags = torch.tensor([self.signal or 0, self.requeue, 0, save_due], device=trainer.strategy.root_device)
+        if self._nonfinite is not None:
+            flags[2] = self._nonfinite
+        signum, requeue, nonfinite, save_due = trainer.strategy.reduce(flags, reduce_op="max").tolist()
+        path = self._path()
+        if nonfinite:
+            group = trainer.optimizers[0].param_groups[0]
+            kept = f"{path} keeps the weights from before." if path and os.path.exists(path) else "Nothing was saved."
+            raise UserError(
+                f"the training loss became NaN or infinite by step {trainer.global_step} (epoch"
+                f" {trainer.current_epoch}): lower the learning rate (now {group.get('max_lr', group['lr']):g}) and"
+                f" train again. {kept}",
+                every_process=True,
+            )
+        if loss_only:
+            return
+        if (signum or requeue or save_due) and path is not None:
+            trainer.save_checkpoint(path, weights_only=False)  # on every process: global rank 0 writes
+            self._saved_at = time.monotonic()
+        if requeue and trainer.is_global_zero:
+            subprocess.run(["scontrol", "requeue", os.environ.get("SLURM_JOB_ID", "")], check=False)
+        if signum or requeue:
+            signum = signum or self._signals[-1]
+            when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
+            kept = f"{path} holds that step" if path else "nothing was saved (no checkpoint)"
+            requeued = "; SLURM was asked to requeue the job" if requeue else ""
+            name = NAMES.get(signum, "SLURM's requeue signal")
+            say(f"Stopped by {name} in epoch {trainer.current_epoch}, {when}; {kept}{requeued}.")
+            self.signal = None
+            raise Stopped(signum, path)
+
+    def _path(self) -> str | None:
+        """`last.ckpt` in the folder of `checkpoint`, as its `save_last` names it."""
+        if self.checkpoint is None or not self.checkpoint.dirpath:
+            return None
+        return self.checkpoint.format_checkpoint_name({}, filename=ModelCheckpoint.CHECKPOINT_NAME_LAST)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, Stopped) and self._evaluating:
+            stage = trainer.state.fn.value
+            say(
+                f"Stopped by {NAMES[exception.signum]}: the {stage} was cut short and keeps nothing: run the same"
+                f" command to {stage}."
+            )
+        self._put_back(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """A signal after the stage's last check stops the command here, now that the stage's work is kept."""
+        self._put_back(trainer)
+        if self.signal:
+            signum, self.signal = self.signal, None
+            raise Stopped(signum)
+
+    def _put_back(self, trainer: Trainer) -> None:
+        vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the loop's own method again
+        self._active = self._said = False
+        self._nonfinite = None
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+
+
+def _nothing() -> None:
+    pass

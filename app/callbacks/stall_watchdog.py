@@ -1,0 +1,162 @@
+"""StallWatchdog: a process of the job that stopped answering, or a job whose processes all wait and none moves, is
+named, and the job ends."""
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+import torch.distributed as dist
+from jsonargparse.typing import NonNegativeFloat
+from lightning.pytorch import Callback, LightningModule, Trainer
+from tqdm import tqdm
+
+
+class StallWatchdog(Callback):
+    """Name a process of the job that gave no sign of life for `timeout` seconds (frozen, its host hung or its
+    network cut), global rank 0 too, and a job whose processes all answer but none of which has finished a batch for
+    as long (where each one stands: stage, epoch, step); then end the job (exit status 1).
+
+    Args:
+        timeout: Seconds without a sign of life, or without progress anywhere (0: off, and nothing runs: no thread,
+            no socket, no collective).
+
+    One thread per process sends a datagram with where it stands to every other process every `timeout / 10` seconds
+    (at most 5), and reads theirs until its next beat. A datagram cannot wait: a call to the job's TCP store waits
+    without end, whatever its timeout, for a holder that froze (global rank 0, under Lightning's launcher), so that no
+    one would be left to name it. The addresses are exchanged as a stage starts (one `all_gather_object`). The lowest
+    process that still answers names the others; every process that noticed ends, killing the silent ones of its own
+    host (a frozen process never ends by itself). What the last checkpoint holds stays.
+    """
+
+    def __init__(self, timeout: NonNegativeFloat = 60) -> None:
+        self.timeout = timeout
+        self.batches = 0  # this process's progress: its batches of any stage
+        self._trainer: Trainer | None = None
+        self._stop: threading.Event | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not self.timeout or trainer.world_size == 1 or not dist.is_initialized() or self._stop is not None:
+            return
+        beats = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        beats.bind((_local_address(), 0))
+        me = {"address": beats.getsockname(), "host": socket.gethostname(), "pid": os.getpid(), "space": _pid_space()}
+        everyone: list = [None] * trainer.world_size
+        dist.all_gather_object(everyone, (me, random.getrandbits(62)))
+        self._trainer, self._stop = trainer, threading.Event()
+        nonce = everyone[0][1]  # global rank 0's: datagrams of another job are not this one's
+        threading.Thread(
+            target=self._watch,
+            args=(beats, [m for m, _ in everyone], nonce, self._stop),
+            name=f"stall watchdog of global rank {trainer.global_rank}",
+            daemon=True,
+        ).start()
+
+    def on_train_batch_end(self, *args, **kwargs) -> None:
+        self.batches += 1
+
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = on_train_batch_end
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._stop is not None:  # the others stop watching this process (its leaving datagram)
+            self._stop.set()
+            self._stop = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "")
+
+    def _where(self) -> str:
+        state, trainer = self._trainer.state, self._trainer
+        fn, stage = (getattr(value, "value", value) for value in (state.fn, state.stage))
+        place = f"{fn} ({stage})" if stage and stage != fn else f"{fn}"
+        return f"{place}, epoch {trainer.current_epoch}, step {trainer.global_step}"
+
+    def _watch(self, beats: socket.socket, everyone: list[dict], nonce: int, stop: threading.Event) -> None:
+        me, interval = self._trainer.global_rank, min(max(self.timeout / 10, 0.2), 5.0)
+        heard, left, where = [time.monotonic()] * len(everyone), set(), [""] * len(everyone)
+        progress, moved = [-1] * len(everyone), time.monotonic()
+        next_beat = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_beat or stop.is_set():
+                    moved = now if self.batches != progress[me] else moved
+                    where[me], progress[me] = self._where(), self.batches
+                    said = json.dumps([nonce, me, where[me], self.batches, stop.is_set()]).encode()
+                    for rank, other in enumerate(everyone):
+                        if rank != me and rank not in left:
+                            with contextlib.suppress(OSError):  # a host that cannot be reached is silent, said later
+                                beats.sendto(said, tuple(other["address"]))
+                    if stop.is_set():
+                        return
+                    next_beat = now + interval
+                    self._judge(now, heard, left, moved, where, everyone)
+                beats.settimeout(max(0.01, next_beat - time.monotonic()))
+                try:
+                    nonce_of, rank, at, batches, leaving = json.loads(beats.recv(4096))
+                except (TimeoutError, ValueError):
+                    continue
+                if nonce_of == nonce and 0 <= rank < len(everyone):
+                    heard[rank], where[rank] = time.monotonic(), at
+                    left |= {rank} if leaving else set()
+                    if batches != progress[rank]:
+                        progress[rank], moved = batches, time.monotonic()
+        except Exception:  # a bug of this thread's: said, and this process is no longer watched
+            print(
+                f"error in the stall watchdog (a bug; the job goes on unwatched):\n{traceback.format_exc()}",
+                file=sys.stderr,
+                flush=True,
+            )
+        finally:
+            beats.close()
+
+    def _judge(self, now: float, heard: list, left: set, moved: float, where: list, everyone: list[dict]) -> None:
+        me, live = self._trainer.global_rank, [rank for rank in range(len(everyone)) if rank not in left]
+        silent = [rank for rank in live if rank != me and now - heard[rank] > self.timeout]
+        if not silent and now - moved <= self.timeout:
+            return
+        named = ", ".join(f"rank {rank} (pid {everyone[rank]['pid']} on {everyone[rank]['host']})" for rank in silent)
+        if silent:
+            line = f"Global {named} gave no sign of life for {self.timeout:g} s: frozen, or its host hung or lost the"
+            line += " network."
+            error = "a process of the job stopped answering"
+        else:
+            stands = "; ".join(f"global rank {rank} in {where[rank] or '?'}" for rank in live)
+            line = f"No process of the job has finished a batch for {self.timeout:g} s: {stands}."
+            error = "the job's processes wait for each other and none moves"
+        if me == min(rank for rank in live if rank not in silent):
+            tqdm.write(line, file=sys.stdout)
+            kept = "what the last checkpoint holds stays (--ckpt_path last continues from it)"
+            print(f"error: {error}, so the job ends; {kept}.", file=sys.stderr, flush=True)
+        for logger in self._trainer.loggers:
+            with contextlib.suppress(Exception):
+                logger.finalize("failed")
+        for rank in silent:  # a frozen process of this machine: nothing is left behind
+            if everyone[rank]["space"] is not None and everyone[rank]["space"] == _pid_space():
+                with contextlib.suppress(OSError):
+                    os.kill(everyone[rank]["pid"], signal.SIGKILL)
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def _local_address() -> str:
+    """The address of this host that the job's first node is reached from (the processes met there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))  # picks the route; sends nothing
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _pid_space() -> str | None:
+    """Which process ids this process can signal: the machine's boot and its pid namespace; None where unknown."""
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as boot:
+        return f"{boot.read().strip()}:{os.readlink('/proc/self/ns/pid')}"
+    return None

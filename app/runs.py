@@ -1,0 +1,287 @@
+"""A run's folder, `<root>/<Model>-<dataset>/version_N`, which nothing overwrites (`RunLogger`), and what `--ckpt_path`
+names: a checkpoint file, a run's folder, or `last`, the newest run of a model on a dataset (`find_start`);
+docs/run-folder.md."""
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.tensorboard.summary import hparams
+from typing_extensions import override
+
+from app.console import UserError, options_of
+from app.plugins.checkpoint_io import read_checkpoint
+
+RECORD, CHECKPOINTS, LAST = "config.yaml", "checkpoints", "last.ckpt"
+VERSION, CONTINUED = re.compile(r"version_(\d+)"), re.compile(r"config-continued-(\d+)\.yaml")
+METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")  # the HPARAMS tab's columns
+# What a continued run may change beside the Trainer's settings: how fast it runs and what it reads from, not what
+# it learns.
+# fmt: off
+MAY_CHANGE = ("--model.channels_last", "--model.compile", "--model.cuda_graph", "--data.data_dir", "--data.num_workers",
+              "--data.pin_memory", "--data.on_device", "--data.eval_batch_size", "--data.batch_size",
+              "--data.predict_dir")
+# fmt: on
+
+
+def run_name(model_class_path: str, dataset: str) -> str:
+    """`SeqNet-fashion_mnist`: the folder of the runs of one model on one dataset."""
+    return f"{model_class_path.rsplit('.', 1)[-1]}-{dataset}"
+
+
+def versions(parent: Path) -> list[int]:
+    return [int(m.group(1)) for p in parent.iterdir() if (m := VERSION.fullmatch(p.name))] if parent.is_dir() else []
+
+
+def records(run: Path) -> list[Path]:
+    """The run's records of its settings, oldest first: `config.yaml`, then `config-continued-K.yaml` for each
+    continuation."""
+    continued = sorted(
+        (int(m.group(1)), p) for p in run.glob("config-continued-*") if (m := CONTINUED.fullmatch(p.name))
+    )
+    return [p for p in (run / RECORD,) if p.is_file()] + [p for _k, p in continued]
+
+
+def next_record(run: Path | None) -> str:
+    """The name of the record this command writes: `config.yaml` for a new folder, the next `config-continued-K`."""
+    return f"config-continued-{len(records(run))}.yaml" if run is not None and records(run) else RECORD
+
+
+def newest_run(runs: Path) -> Path | None:
+    """The run `--ckpt_path last` names: the highest `version_N` of `runs` that holds a last checkpoint."""
+    found = [runs / f"version_{n}" for n in sorted(versions(runs), reverse=True)]
+    return next((run for run in found if (run / CHECKPOINTS / LAST).is_file()), None)
+
+
+@dataclass
+class Start:
+    """What a command starts from: `checkpoint`, in `run` (the run a fit continues, or whose checkpoint an evaluation
+    evaluates), with `settings`: the defaults it brings (a continued run's newest record, else the checkpoint's own
+    model and data settings)."""
+
+    checkpoint: Path
+    contents: dict
+    run: Path | None
+    settings: dict
+    continues: bool = False
+
+    def refuse_changes(self, now: dict, subcommand: str) -> None:
+        """The network the weights were trained as stays (`now`: the command's settings); a fit keeps the optimizer
+        and the data too, and a prediction the dataset, whose class names label the rows."""
+        before, now = options_of(self.settings), options_of(now)
+        kept = {"fit": ("--model", "--data"), "predict": ("--model", "--data.dataset")}.get(subcommand, ("--model",))
+        fit, named = subcommand == "fit", self.run if self.continues else self.checkpoint
+        for option in (o for o in before if o.startswith(kept) and not o.startswith(MAY_CHANGE)):
+            if option in now and now[option] != before[option]:
+                how = f", or start a new run from its weights (--model.weights {self.checkpoint})" if fit else ""
+                raise UserError(
+                    f"{option} {now[option]}: --ckpt_path {named} was trained with {option} {before[option]}, which"
+                    f" {'it continues with' if fit else 'its weights need'}. Leave {option} out (the checkpoint's is"
+                    f" used){how}."
+                )
+
+    @property
+    def where(self) -> str:
+        place = f"{self.run}, from {self.checkpoint.relative_to(self.run)}" if self.continues else str(self.checkpoint)
+        return f"{place} (step {self.contents.get('global_step', 0)}, epoch {self.contents.get('epoch', 0)})"
+
+
+def find_start(ckpt_path: str | None, subcommand: str, runs: Path) -> Start | None:
+    """The checkpoint `--ckpt_path` names, read and checked; None for none, for a name Lightning resolves itself (a
+    URL, `hpc`, a registry's), and for `fit --ckpt_path last` with no run to continue (a new run starts)."""
+    if ckpt_path is None or ckpt_path == "hpc" or "://" in ckpt_path or ckpt_path.startswith("registry"):
+        return None
+    if ckpt_path in ("", "best"):
+        raise UserError(
+            f"--ckpt_path {ckpt_path or repr('')} names no checkpoint this command has"
+            f"{' (best is a fit earlier in the same process)' if ckpt_path else ''}: give a checkpoint file, a run's"
+            " folder, or last."
+        )
+    run = newest_run(runs) if ckpt_path == "last" else Path(ckpt_path)
+    if run is None:
+        if subcommand == "fit":
+            return None
+        raise UserError(
+            f"--ckpt_path last: no run in {runs} holds a last checkpoint. Train one first, or give"
+            " --ckpt_path a checkpoint file or a run's folder (and --model, --data.dataset: its own)."
+        )
+    if run.is_dir():
+        if not (run / CHECKPOINTS / LAST).is_file():
+            inside = sorted(p.name for p in run.iterdir() if (p / CHECKPOINTS / LAST).is_file())[-3:]
+            hint = f"it holds the runs {', '.join(inside)}: give one of them" if inside else "give a checkpoint file"
+            raise UserError(f"--ckpt_path {run} is a folder without {CHECKPOINTS}/{LAST}; {hint}, or last.")
+        checkpoint = run / CHECKPOINTS / LAST
+        contents = read_checkpoint(checkpoint)
+        if subcommand == "fit" and records(run):  # continued in its folder, with its settings
+            settings = yaml.safe_load(records(run)[-1].read_text())
+            if not isinstance(settings, dict):
+                raise UserError(
+                    f"{records(run)[-1]} is damaged (it holds no settings): put back the file train.py"
+                    " wrote, or remove it (the run then takes its previous record's settings)."
+                )
+            for key in ("ckpt_path", "config", "weights_only"):
+                settings.pop(key, None)
+            return Start(checkpoint, contents, run, settings, continues=True)
+        return Start(checkpoint, contents, run, checkpoint_settings(contents), continues=subcommand == "fit")
+    contents = read_checkpoint(run)
+    in_a_run = run.parent.name == CHECKPOINTS and records(run.parent.parent)
+    return Start(run, contents, run.parent.parent if in_a_run else None, checkpoint_settings(contents))
+
+
+def checkpoint_settings(contents: dict) -> dict:
+    """A checkpoint's model and data settings, as LightningCLI saves them with the weights, as a config's."""
+    settings = {}
+    for section, key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
+        saved = {name: value for name, value in (contents.get(key) or {}).items() if name != "_instantiator"}
+        class_path = saved.pop("_class_path", None)
+        if saved or class_path:
+            settings[section] = {"class_path": class_path, "init_args": saved} if class_path else saved
+    return settings
+
+
+class RunLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger in a run folder that nothing overwrites.
+
+    Args:
+        save_dir, name: The folder `<save_dir>/<name>/version_N`, whose N is the next free one, claimed with `mkdir`
+            (which one process wins, whatever the file system's timing) by global rank 0 when Lightning first asks
+            for the version there: once the processes have met (`Trainer.log_dir`'s broadcast, which gives the other
+            processes the folder; they write nothing).
+        version: The name of a run it continues (`version_3`) instead.
+        **kwargs: `TensorBoardLogger`'s.
+
+    Global rank 0 holds the folder (`flock`) while the process runs: another process that would continue it is
+    refused in one line. A command that fails or stops before it saved a checkpoint or a prediction takes back what
+    it wrote: a new folder goes, a continued run's new files go. The HPARAMS tab holds the hyperparameters with the
+    run's metrics as columns, and Lightning's own scalars (epoch, learning rates) stand after the loss and accuracy,
+    under `workload/`.
+    """
+
+    def __init__(self, save_dir: str, name: str, version: str | None = None, **kwargs: Any) -> None:
+        super().__init__(save_dir, name=name, version=version, default_hp_metric=False, **kwargs)
+        self.continues = version is not None
+        self.folder: Path | None = None  # global rank 0's, once held
+        self._before: set[Path] = set()
+        self._made = [path for path in (Path(self.root_dir), *Path(self.root_dir).parents) if not path.exists()]
+        self._since, self._tab = time.time(), False
+
+    @property
+    @override
+    def version(self) -> int | str | None:
+        if self.folder is None and rank_zero_only.rank == 0:
+            self.folder = self._hold()
+        name = self.folder.name if self.folder is not None else super().version if self.continues else None
+        number = VERSION.fullmatch(name or "")
+        return int(number.group(1)) if number else name
+
+    def _hold(self) -> Path:
+        parent = Path(self.root_dir)
+        try:
+            if self.continues:
+                folder = parent / str(super().version)
+            else:
+                parent.mkdir(parents=True, exist_ok=True)
+                number = max(versions(parent), default=-1) + 1
+                while not _made_now(parent / f"version_{number}"):
+                    number += 1
+                folder = parent / f"version_{number}"
+            lock = os.open(folder, os.O_RDONLY)
+        except OSError as error:
+            raise UserError(
+                f"{parent}: cannot write there ({error.strerror}). Choose a folder you can write to"
+                " (--trainer.default_root_dir)."
+            ) from error
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(lock)
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UserError(
+                    f"{folder} is being trained by another process right now (it holds the run's lock):"
+                    " wait for it to end, or start a new run."
+                ) from error
+        self._release = weakref.finalize(self, os.close, lock)  # at the end of the stage, or of the process
+        self._before = set(folder.rglob("*")) if self.continues else set()
+        return folder
+
+    @override
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if self.folder is not None:
+            self._release()
+        if status != "failed" or self.folder is None:
+            return
+        if any(
+            path.stat().st_mtime >= self._since for path in self.folder.rglob("*") if path.suffix in (".ckpt", ".csv")
+        ):
+            return  # something is kept: the run, and how it got there, stay
+        if not self.continues:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            for folder in self._made:  # and the folders its claim made, unless another run is there now
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+            return
+        for path in sorted(set(self.folder.rglob("*")) - self._before, key=lambda p: len(p.parts), reverse=True):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        lightnings = ("epoch", "lr-")
+        super().log_metrics({f"workload/{k}" if k.startswith(lightnings) else k: v for k, v in metrics.items()}, step)
+
+    @override
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, metrics: Any = None, step: int | None = None) -> None:
+        super().log_hyperparams(params, metrics, step)
+        if metrics is None and not self._tab:  # TensorBoard reads a run's first table only
+            flat = _flat(dict(params))
+            table = {
+                key: value if isinstance(value, bool | int | float | str) else str(value) for key, value in flat.items()
+            }
+            for summary in hparams(table, dict.fromkeys(METRICS, 0.0)):
+                self.experiment.file_writer.add_summary(summary)
+            self._tab = True
+
+
+class RunRecord(SaveConfigCallback):
+    """LightningCLI's record of the settings (`config.yaml`, never over an earlier one), which also gives the
+    loggers the command's settings: the HPARAMS tab compares runs by them."""
+
+    @override
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        settings = yaml.safe_load(self.parser.dump(self.config))
+        for logger in trainer.loggers:
+            logger.log_hyperparams({key: settings[key] for key in ("model", "data", "trainer", "seed_everything")})
+
+
+def _made_now(folder: Path) -> bool:
+    try:
+        folder.mkdir()
+        return True
+    except FileExistsError:
+        return False
+
+
+def _flat(params: dict, prefix: str = "") -> dict[str, Any]:
+    """`{"optimizer": {"init_args": {"lr": 0.01}}}` as `{"optimizer/lr": 0.01}`, without the unset (None)."""
+    flat = {}
+    for key, value in params.items():
+        name = prefix if key == "init_args" else f"{prefix}/{key}".lstrip("/")
+        if isinstance(value, dict):
+            flat.update(_flat(value, name))
+        elif value is not None and not str(key).startswith("_"):
+            flat[name] = value
+    return flat

@@ -1,0 +1,117 @@
+"""`python train.py` as a user runs it, real processes started by Lightning's launcher: how a job ends. A stop by a
+signal ends it by that signal (a shell loop stops), a process that fails fails the job, a full disk and a diverged
+loss are one line each; nothing is left running."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import NO_NETWORK, REPO, free_port, one_error_line, run_command, run_train, small_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_sigterm_stops_every_process_at_one_step_and_the_printed_command_continues_the_run(data_dir, tmp_path):
+    stop = (
+        "--trainer.callbacks+=tests.instruments.SignalAt",
+        "--trainer.callbacks.step",
+        "3",
+        "--trainer.callbacks.group",
+        "true",
+        "--stop.every_n_steps",
+        "4",
+    )
+    stopped = run_train(*small_run(data_dir, tmp_path, *stop, devices=2))
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    assert f"Stopped by SIGTERM in epoch 0, after step 4; {run / 'checkpoints' / 'last.ckpt'} holds that step." in (
+        stopped.stdout
+    )
+    (command,) = [
+        line.removeprefix("Continue with: ") for line in stopped.stdout.splitlines() if "Continue with" in line
+    ]
+    assert command.endswith(f"train.py --ckpt_path {run} --devices 2"), command
+    continued = run_command(shlex.split(command))
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    assert f"--ckpt_path {run}: continuing {run}, from checkpoints/last.ckpt (step 4, epoch 0)." in continued.stdout
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+
+
+def test_ctrl_c_in_a_shell_loop_stops_the_loop(data_dir, tmp_path):
+    """A terminal's Ctrl-C reaches every process of the foreground group, the shell's too: bash ends the loop only if
+    the program ends by SIGINT (an exit status of 1 would run the next command)."""
+    press = (
+        "--trainer.callbacks+=tests.instruments.SignalAt",
+        "--trainer.callbacks.signum",
+        "2",
+        "--trainer.callbacks.step",
+        "3",
+        "--trainer.callbacks.group",
+        "true",
+    )
+    train = shlex.join([sys.executable, "train.py", *small_run(data_dir, tmp_path, *press, devices=2)])
+    loop = f"for run in 1 2; do echo run $run; {train}; done; echo after the loop"
+    result = run_command(["bash", "-c", loop])
+    assert result.returncode == -signal.SIGINT, result.stdout[-2000:]
+    assert "run 1" in result.stdout and "run 2" not in result.stdout and "after the loop" not in result.stdout
+    assert "Stopped by SIGINT (Ctrl-C) in epoch 0" in result.stdout
+
+
+def test_a_process_that_fails_after_the_others_finished_fails_the_job(data_dir, tmp_path):
+    result = run_train(*small_run(data_dir, tmp_path, "--trainer.callbacks+=tests.instruments.FailAtExit", devices=2))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert re.search(
+        r"error: the process of local rank 1 \(pid \d+\) ended with status -6, after this one's work was"
+        " done, so the job failed.",
+        result.stderr,
+    )
+    assert "Finished: test/acc" in result.stdout
+
+
+def test_a_full_disk_ends_the_run_in_one_line_keeping_the_last_checkpoint(data_dir, tmp_path):
+    full = ("--trainer.callbacks+=tests.instruments.NoSpaceAfterEpoch", "--trainer.callbacks.epoch", "1")
+    result = run_train(*small_run(data_dir, tmp_path, *full, devices=2, max_epochs=2))
+    folder = tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints"
+    line = one_error_line(result, "error: cannot save the checkpoint ", f": no space left in {folder};")
+    assert "still holds the previous save. Free space there, then continue the run (--ckpt_path last)." in line
+    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 0
+
+
+def test_a_diverged_loss_ends_every_process_in_one_line(data_dir, tmp_path):
+    result = run_train(
+        *small_run(data_dir, tmp_path, "--trainer.callbacks+=tests.instruments.DivergeInEpoch", devices=2, max_epochs=2)
+    )
+    line = one_error_line(result, "error: the training loss became NaN or infinite by step")
+    assert "lower the learning rate (now 0.01) and train again." in line
+
+
+def test_the_program_ends_by_the_signal_that_stopped_it_before_the_processes_met(data_dir, tmp_path):
+    """SIGTERM while a node waits for another: the signal's own action, and no folder."""
+    env = {
+        **os.environ,
+        **NO_NETWORK,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "NODE_RANK": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    train = subprocess.Popen(
+        [sys.executable, "train.py", *small_run(data_dir, tmp_path, "--num_nodes", "2")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for line in train.stdout:
+        if "Initializing distributed" in line:
+            train.send_signal(signal.SIGTERM)
+            break
+    assert train.wait(timeout=60) == -signal.SIGTERM
+    assert not (tmp_path / "SeqNet-mnist").exists()

@@ -1,0 +1,102 @@
+"""RendezvousDDPStrategy: what a node says while it waits for another, Ctrl-C during the wait, and nodes started with
+different settings; in processes the test starts itself, as Lightning's launcher starts a node's."""
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from app.console import UserError
+from app.plugins.rendezvous import RendezvousDDPStrategy
+from tests.helpers import ended, free_port, job, small_run, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _meet(rank: int, nodes: int, settings: list[dict] | None, devices: int = 1) -> None:
+    """One process of a job of `nodes` nodes of `devices` processes each, fitting Lightning's BoringModel;
+    `settings`: each process's to agree on."""
+    strategy = RendezvousDDPStrategy(agree_on=settings and settings[rank], notice_after_s=1)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=devices,
+        num_nodes=nodes,
+        strategy=strategy,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    try:
+        trainer.fit(BoringModel())
+    except UserError as error:
+        print(f"UserError {error.every_process}: {error}", flush=True)
+
+
+def log(folder: Path, rank: int) -> str:
+    path = folder / f"rank{rank}.log"
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.parametrize("present", [0, 1])
+def test_a_node_waiting_for_a_missing_node_says_so_and_ctrl_c_ends_the_wait(tmp_path, present):
+    (process,) = job(_meet, 2, 2, None, nodes=2, ranks=[present], folder=tmp_path)
+    wait_for(lambda: "Ctrl-C ends the wait." in log(tmp_path, present), 60, "the node to say what it waits for")
+    os.kill(process.pid, signal.SIGINT)
+    assert ended([process], timeout=30) == [-signal.SIGINT]
+    said = log(tmp_path, present)
+    if present == 0:
+        assert re.search(
+            r"^Node 0 has waited \d+ s at 127\.0\.0\.1:\d+ for node\(s\) 1 of 2: not started yet", said, re.M
+        )
+    else:
+        assert re.search(
+            r"^Node 1 has waited \d+ s at 127\.0\.0\.1:\d+, where no process of node 0 answers yet", said, re.M
+        )
+
+
+def test_processes_still_starting_on_a_node_that_is_there_are_no_missing_node(tmp_path):
+    """Of two nodes of two processes, node 0's second comes 3 s after the others (still importing, on a busy machine):
+    nothing is said, where a missing node is said after 1 s."""
+    port = free_port()
+    first = job(_meet, 4, 2, None, 2, nodes=2, ranks=[0, 2, 3], port=port, folder=tmp_path)
+    wait_for(lambda: all("Initializing distributed" in log(tmp_path, rank) for rank in (0, 2, 3)), 60, "the meeting")
+    waited = time.monotonic() + 3
+    wait_for(lambda: time.monotonic() > waited, 10, "3 s")
+    second = job(_meet, 4, 2, None, 2, nodes=2, ranks=[1], port=port, folder=tmp_path)
+    assert ended(first + second, timeout=60) == [0, 0, 0, 0], log(tmp_path, 0)[-2000:]
+    assert not any("has waited" in log(tmp_path, rank) for rank in range(4))
+
+
+def test_a_strategy_of_ones_own_raises_the_same_mistake_on_every_process_where_settings_differ(tmp_path):
+    settings = [{"--model.optimizer.lr": 0.01, "--seed": 1}, {"--model.optimizer.lr": 0.02, "--seed": 1}]
+    assert ended(job(_meet, 2, 2, settings, nodes=2, folder=tmp_path)) == [0, 0]
+    for rank in (0, 1):
+        assert (
+            "UserError True: the nodes were started with different settings: --model.optimizer.lr is 0.01 on"
+            " node 0 and 0.02 on node 1. Start every node with the same command line." in log(tmp_path, rank)
+        )
+
+
+def _train(rank: int, args: list[str], node_args: list[str]) -> None:
+    from train import main  # noqa: PLC0415
+
+    main([*args, *(node_args if rank == 1 else [])])
+
+
+def test_nodes_started_with_other_options_end_in_one_line_naming_them_and_write_nothing(data_dir, tmp_path):
+    args = small_run(data_dir, tmp_path, "--num_nodes", "2", devices=1)
+    statuses = ended(job(_train, 2, args, ["--model.optimizer.lr", "0.02"], nodes=2, folder=tmp_path))
+    said = log(tmp_path, 0) + log(tmp_path, 1)
+    assert statuses == [1, 1], said[-3000:]
+    assert [line for line in said.splitlines() if line.startswith("error")] == [
+        "error: the nodes were started with different settings: --model.optimizer.lr is 0.01 on node 0 and 0.02 on"
+        " node 1. Start every node with the same command line."
+    ], said[-3000:]
+    assert not (tmp_path / "SeqNet-mnist").exists()
