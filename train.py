@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import warnings
 from argparse import ArgumentError
@@ -33,7 +32,7 @@ from app.callbacks.stall_watchdog import StallWatchdog
 from app.console import TRACEBACK_VARIABLE, UserError, here, options_of, parser_line, rank, report, runnable, say
 from app.export import export
 from app.plugins.checkpoint_io import AtomicCheckpointIO
-from app.plugins.rendezvous import RendezvousDDPStrategy
+from app.plugins.rendezvous import RendezvousDDPStrategy, wait_for_the_launched
 from app.runs import RunLogger, RunRecord, find_start, next_record, run_name
 from app.settings import Trainer, check, check_writable, launcher_shape, settle_shape, shared
 from datamodules import MNISTDataModule
@@ -140,15 +139,14 @@ class TrainCLI(LightningCLI):
             starts_from = f"step {self.start.contents.get('global_step')}" if self.start else config["ckpt_path"]
             subcommand = "fit then test" if self.test_after_fit else self.subcommand
             trainer["strategy"].agree_on = shared(self._dumped(self.subcommand), subcommand, starts_from)
-        plugins = trainer["plugins"] if isinstance(trainer["plugins"], list) else [p for p in [trainer["plugins"]] if p]
+        plugins, callbacks = (
+            v if isinstance(v, list) else [v] if v else [] for v in (trainer["plugins"], trainer["callbacks"])
+        )
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             trainer["plugins"] = [*plugins, AtomicCheckpointIO()]
         ours = [config[key] for key in self.own_parser.callback_keys]
         ours = [c for c in ours if trainer["enable_checkpointing"] is not False or not isinstance(c, ModelCheckpoint)]
         ours = [c for c in ours if trainer["logger"] not in (None, False) or not isinstance(c, LearningRateMonitor)]
-        callbacks = (
-            trainer["callbacks"] if isinstance(trainer["callbacks"], list) else [c for c in [trainer["callbacks"]] if c]
-        )
         trainer["callbacks"] = [*callbacks, *ours, *self.trainer_defaults["callbacks"]]
         if not trainer["fast_dev_run"] and trainer["logger"] not in (None, False):  # the record goes beside the logs
             record = next_record(self.start.run if self.start and self.start.continues else None)
@@ -172,17 +170,9 @@ class TrainCLI(LightningCLI):
         if self.start is None and self.config.fit.ckpt_path == "last":
             say(f"--ckpt_path last: nothing to continue under {self.trainer.default_root_dir}, starting a new run.")
         elif self.start is not None:
-            saved = self.start.contents.get(type(self.datamodule).__qualname__)
-            if saved:  # its global batch, on however many processes there are now, unless a batch size is chosen
-                chosen = self.datamodule.hparams.batch_size != saved.get("batch_size")
+            if saved := self.start.contents.get(type(self.datamodule).__qualname__):  # its global batch, kept
                 trainer, epoch = self.trainer, self.start.contents.get("epoch", 0)
-                args = (saved, trainer.world_size, trainer.accumulate_grad_batches, chosen, epoch)
-                batch_size = self.datamodule.batch_size_to_continue(*args)
-                if batch_size != self.datamodule.hparams.batch_size:
-                    say(f"Continuing a run of {saved['world_size']} processes on {trainer.world_size}: per-device"
-                        f" batch {self.datamodule.hparams.batch_size} -> {batch_size}, to keep the global batch of"
-                        f" {saved['global_batch_size']}.")  # fmt: skip
-                self.datamodule.hparams.batch_size = batch_size
+                self.datamodule.continue_from(saved, trainer.world_size, trainer.accumulate_grad_batches, epoch)
             how = "continuing" if self.start.continues else "a new run from"
             say(f"--ckpt_path {self.config.fit.ckpt_path}: {how} {self.start.where}.")
         if self.trainer.world_size == 1 and self.trainer.strategy.root_device.type == "cpu" and not launcher_shape():
@@ -201,7 +191,7 @@ class TrainCLI(LightningCLI):
                 f"{self.subcommand} needs trained weights: add --ckpt_path last (the newest run of this"
                 " model and dataset), a run's folder, or a checkpoint file."
             )
-        if self.start is not None and self.subcommand != "fit":
+        if self.subcommand != "fit":
             say(f"--ckpt_path {self.config[self.subcommand].ckpt_path}: {self.start.where}.")
 
     before_validate = before_test = before_predict = _before_the_stage
@@ -251,7 +241,7 @@ def main(args: list[str] | None = None) -> None:
         if args[:1] == ["export"]:
             print(f"Exported: {export(args[1:])}")
         else:
-            status = wait_for_the_others(TrainCLI(args).trainer.strategy)
+            status = wait_for_the_launched(TrainCLI(args).trainer.strategy)
     except Stopped as stop:  # the run's folder is what --ckpt_path continues, with its settings
         if stop.checkpoint and (run := Path(stop.checkpoint).parent.parent).joinpath("config.yaml").is_file():
             shape = [a for i, a in enumerate(args) if a.split("=")[0] in SHORTCUTS or (i and args[i - 1] in SHORTCUTS)]
@@ -275,29 +265,6 @@ def main(args: list[str] | None = None) -> None:
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     sys.exit(status)
-
-
-def wait_for_the_others(strategy) -> int:
-    """In the process that Lightning's launcher started the others from: the job's exit status, once they ended (a
-    minute at most): one that failed fails it, one that a signal stopped stops it."""
-    for local_rank, process in enumerate(getattr(strategy.launcher, "procs", []), start=1):
-        try:
-            status = process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            status = None
-        if status in (1, -signal.SIGINT, -signal.SIGTERM):  # it said why, or was stopped as the job is
-            return status
-        if status != 0:
-            ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
-            print(
-                f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's work"
-                " was done, so the job failed.",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from tqdm import tqdm
 
 class UserError(Exception):
     """A mistake the user can fix; the message says what is wrong and what to do. One that every process of the job
-    makes alike (`every_process`, as every mistake found before the processes meet) is said once, by global rank 0;
-    one that some processes meet (a node's missing data) is said by each of them, with its rank and host."""
+    makes alike (`every_process`) is said once, by global rank 0; one that some processes meet (a node's missing data)
+    is said by each of them, with its rank and host. Before the processes meet, the first process of each node says
+    its mistakes (each node's output is its own)."""
 
     def __init__(self, message: str, every_process: bool = False) -> None:
         super().__init__(message)
@@ -72,32 +73,32 @@ def rank() -> int:
 
 # What the processes of a job raise when another has gone (gloo, NCCL, torch's store): its own output says why.
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited")
+LOST = (
+    "lost the connection to another process of the job, which ended first (its output says why; one killed by SIGKILL,"
+    " for want of memory say, says nothing)."
+)
 TRACEBACK_VARIABLE = "TRAIN_TRACEBACK"  # TRAIN_TRACEBACK=1 keeps every error's whole traceback, on every process
 
 
 def report(error: BaseException) -> None:
     """Say what went wrong: a mistake (`UserError`, Lightning's `MisconfigurationException`) in one line, a lost
     connection to another process in one line from global rank 0, anything else as a bug, in a short traceback."""
-    me, met = rank(), dist.is_available() and dist.is_initialized()
-    who = "error" if me == 0 else f"error (rank {me} on {socket.gethostname()})"
-    if isinstance(error, UserError | MisconfigurationException):
-        if me == 0 or not (getattr(error, "every_process", False) or not met):
-            print(f"{who}: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+    me, met, env = rank(), dist.is_available() and dist.is_initialized(), os.environ
+    place = f"rank {me}" if met or "RANK" in env or "SLURM_PROCID" in env else f"node {env.get('NODE_RANK', '0')}"
+    who = "error" if me == 0 else f"error ({place} on {socket.gethostname()})"
+    if isinstance(error, UserError | MisconfigurationException):  # said once where every process makes it alike
+        first_of_node = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")) == "0"
+        said = (me == 0 or not getattr(error, "every_process", False)) if met else first_of_node
+        line = " ".join(str(error).split()) if said else ""
     elif PEER_LOST.search(str(error)):
-        if me == 0:
-            print(
-                f"{who}: lost the connection to another process of the job, which ended first (its output says"
-                " why; one killed by SIGKILL, for want of memory say, says nothing).",
-                file=sys.stderr,
-                flush=True,
-            )
+        line = "" if me else LOST
     else:
-        print(
-            f"{who}: an unexpected {type(error).__name__}, a bug rather than a mistake in the command; library"
-            f" frames are summed up ({TRACEBACK_VARIABLE}=1 shows them all).\n{short_traceback(error)}",
-            file=sys.stderr,
-            flush=True,
+        line = (
+            f"an unexpected {type(error).__name__}, a bug rather than a mistake in the command; library frames are"
+            f" summed up ({TRACEBACK_VARIABLE}=1 shows them all).\n{short_traceback(error)}"
         )
+    if line:
+        print(f"{who}: {line}", file=sys.stderr, flush=True)
 
 
 LIBRARIES = [Path(sysconfig.get_paths()[name]) for name in ("purelib", "platlib", "stdlib", "platstdlib")]

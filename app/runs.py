@@ -2,8 +2,10 @@
 names: a checkpoint file, a run's folder, or `last`, the newest run of a model on a dataset (`find_start`);
 docs/run-folder.md."""
 
+import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import re
 import shutil
@@ -192,10 +194,10 @@ class RunLogger(TensorBoardLogger):
                 folder = parent / str(super().version)
             else:
                 parent.mkdir(parents=True, exist_ok=True)
-                number = max(versions(parent), default=-1) + 1
-                while not _made_now(parent / f"version_{number}"):
-                    number += 1
-                folder = parent / f"version_{number}"
+                for number in itertools.count(max(versions(parent), default=-1) + 1):  # mkdir: one process wins each
+                    with contextlib.suppress(FileExistsError):
+                        (folder := parent / f"version_{number}").mkdir()
+                        break
             lock = os.open(folder, os.O_RDONLY)
         except OSError as error:
             raise UserError(
@@ -247,9 +249,10 @@ class RunLogger(TensorBoardLogger):
     def log_hyperparams(self, params: Any, metrics: Any = None, step: int | None = None) -> None:
         super().log_hyperparams(params, metrics, step)
         if metrics is None and not self._tab:  # TensorBoard reads a run's first table only
-            flat = _flat(dict(params))
             table = {
-                key: value if isinstance(value, bool | int | float | str) else str(value) for key, value in flat.items()
+                option[2:].replace(".", "/"): value if isinstance(value, bool | int | float | str) else str(value)
+                for option, value in options_of(dict(params)).items()
+                if value is not None
             }
             for summary in hparams(table, dict.fromkeys(METRICS, 0.0)):
                 self.experiment.file_writer.add_summary(summary)
@@ -265,23 +268,3 @@ class RunRecord(SaveConfigCallback):
         settings = yaml.safe_load(self.parser.dump(self.config))
         for logger in trainer.loggers:
             logger.log_hyperparams({key: settings[key] for key in ("model", "data", "trainer", "seed_everything")})
-
-
-def _made_now(folder: Path) -> bool:
-    try:
-        folder.mkdir()
-        return True
-    except FileExistsError:
-        return False
-
-
-def _flat(params: dict, prefix: str = "") -> dict[str, Any]:
-    """`{"optimizer": {"init_args": {"lr": 0.01}}}` as `{"optimizer/lr": 0.01}`, without the unset (None)."""
-    flat = {}
-    for key, value in params.items():
-        name = prefix if key == "init_args" else f"{prefix}/{key}".lstrip("/")
-        if isinstance(value, dict):
-            flat.update(_flat(value, name))
-        elif value is not None and not str(key).startswith("_"):
-            flat[name] = value
-    return flat

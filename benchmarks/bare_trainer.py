@@ -1,14 +1,19 @@
 """The Trainer the benchmarks time: DDP, and nothing that does not train (no logger, checkpoints, progress bar,
-model summary or validation), but with the callback of train.py that changes the speed of a step (without it, given
-`sigterm_every_n_steps=None`: Lightning's loop alone, as `host_step.py` times it)."""
+model summary or validation), but with the callbacks of train.py that act at every step: `GracefulStop` (the stop
+check every `stop_every_n_steps` steps, `--stop.every_n_steps`, which also takes the place of Lightning's SIGTERM
+broadcast before every step) and `StallWatchdog` (its thread, `--watchdog.timeout`; given `watchdog_timeout=0`, off).
+Given `stop_every_n_steps=None`: neither, Lightning's loop alone, as `host_step.py` times it."""
 
 from lightning.pytorch import Trainer
 
-from app.job.fault_guard import FaultGuard
+from app.callbacks.graceful_stop import GracefulStop
+from app.callbacks.stall_watchdog import StallWatchdog
 
 
-def bare_trainer(strategy="ddp", callbacks=(), sigterm_every_n_steps: int | None = 50, **kwargs) -> Trainer:
-    guard = [] if sigterm_every_n_steps is None else [FaultGuard(sigterm_every_n_steps)]
+def bare_trainer(
+    strategy="ddp", callbacks=(), stop_every_n_steps: int | None = 50, watchdog_timeout: float = 60, **kwargs
+) -> Trainer:
+    own = [] if stop_every_n_steps is None else [GracefulStop(stop_every_n_steps), StallWatchdog(watchdog_timeout)]
     return Trainer(
         strategy=strategy,
         limit_val_batches=0,
@@ -16,6 +21,6 @@ def bare_trainer(strategy="ddp", callbacks=(), sigterm_every_n_steps: int | None
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[*guard, *callbacks],
+        callbacks=[*own, *callbacks],
         **kwargs,
     )

@@ -203,12 +203,13 @@ class StepTimer:
 def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     """The Lightning path. `--options` (JSON) may change it: "model" and "trainer" hold keyword arguments of the
     model class and the Trainer, "strategy" those of `DDPStrategy`, "data" those of the datamodule, "adam" those of
-    Adam (instead of the model's default optimizer), "sigterm_every_n_steps" sets train.py's
-    `--fault_guard.every_n_steps` (and `run_job` puts "env" in the environment)."""
+    Adam (instead of the model's default optimizer), "stop_every_n_steps" sets train.py's `--stop.every_n_steps`
+    (`GracefulStop`'s check), "watchdog_timeout" its `--watchdog.timeout` (0: no `StallWatchdog`), and `run_job`
+    puts "env" in the environment."""
+    import torch.distributed as dist
     from lightning.pytorch import Callback
     from lightning.pytorch.strategies import DDPStrategy
 
-    from app.job.process_group import close_process_group
     from benchmarks.bare_trainer import bare_trainer
     from datamodules import MNISTDataModule
 
@@ -227,7 +228,8 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         max_steps=args.warmup + args.steps,
         callbacks=[timing],
-        sigterm_every_n_steps=options.get("sigterm_every_n_steps", 50),
+        stop_every_n_steps=options.get("stop_every_n_steps", 50),
+        watchdog_timeout=options.get("watchdog_timeout", 60),
         **options.get("trainer", {}),
     )
     datamodule = MNISTDataModule(
@@ -235,7 +237,8 @@ def lightning_loop(args: argparse.Namespace) -> tuple[float, str]:
     )
     trainer.fit(_model(args.model, options.get("adam"), **options.get("model", {})), datamodule=datamodule)
     seconds = timing.timer.seconds()
-    close_process_group()  # as train.py does: see app/job/process_group.py
+    if dist.is_initialized():  # as train.py does: else gloo's threads may abort the process at its exit
+        dist.destroy_process_group()
     return seconds, _device_name(trainer.strategy.root_device)
 
 

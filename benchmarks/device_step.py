@@ -216,7 +216,7 @@ def bare_fit(args, sizes, strategy: str) -> float:
     clock = TrainingClock(skip_steps=args.warmup)
     trainer = bare_trainer(
         strategy=strategy,
-        sigterm_every_n_steps=None,  # Lightning's loop alone
+        stop_every_n_steps=None,  # Lightning's loop alone
         devices=1,
         max_steps=args.warmup + args.steps,
         num_sanity_val_steps=0,
@@ -232,7 +232,7 @@ def bare_fit(args, sizes, strategy: str) -> float:
 def train_py_fit(args, sizes, root: Path, strategy: str, *extra: str) -> float:
     """train.py's `fit`, as its command line builds it, plus the clock; the net's sizes, the strategy and `extra`
     given as its options."""
-    from app.command_line.train_cli import TrainCLI
+    from train import TrainCLI
 
     options = ["--model", "ConvNet", "--data.dataset", "mnist", "--data.batch_size", str(args.batch_size)]
     options += [f"--model.{key}={json.dumps(value)}" for key, value in sizes.items()]

@@ -45,7 +45,6 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.command_line.train_cli import skip_empty_batch_hooks  # noqa: E402
 from benchmarks.ddp_paths import run_torchrun  # noqa: E402
 from models import ImageClassifier  # noqa: E402
 
@@ -75,7 +74,6 @@ class StepClock(Callback):
     def __init__(self, warmup: int, lightning_only: bool = False) -> None:
         self.warmup, self.batches, self.start, self.seconds, self.steps = warmup, 0, 0.0, 0.0, 0
         self.lightning_only, self.taken_out = lightning_only, []
-        skip_empty_batch_hooks([self])  # the clock's empty hooks are called in no loop, the bare one included
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.batches == 0 and self.lightning_only:
@@ -156,7 +154,6 @@ def print_tables(args: argparse.Namespace, result: dict) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> None:
-    from app.job.process_group import close_process_group
     from benchmarks.ddp_paths import PlainLoop
 
     torch.distributed.init_process_group("gloo")
@@ -174,7 +171,8 @@ def run_worker(args: argparse.Namespace) -> None:
     split = profiled_split(args, root)
     if torch.distributed.get_rank() == 0:
         Path(args.out, "rank0.json").write_text(json.dumps({**times, "split": split}))
-    close_process_group()
+    if torch.distributed.is_initialized():  # as train.py does: else gloo's threads may abort the process at exit
+        torch.distributed.destroy_process_group()
 
 
 def bare_fit(args: argparse.Namespace, profiler=None) -> Trainer:
@@ -182,7 +180,7 @@ def bare_fit(args: argparse.Namespace, profiler=None) -> Trainer:
     from datamodules import MNISTDataModule
 
     trainer = bare_trainer(
-        sigterm_every_n_steps=None,  # no callback of train.py's
+        stop_every_n_steps=None,  # no callback of train.py's
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         max_steps=args.warmup + args.steps,
         num_sanity_val_steps=0,
@@ -213,7 +211,7 @@ def train_py_fit(
     args: argparse.Namespace, root: Path, profiler: str | None = None, lightning_only: bool = False
 ) -> Trainer:
     """train.py's `fit`, as its command line builds it, plus the clock (and a profiler)."""
-    from app.command_line.train_cli import TrainCLI
+    from train import TrainCLI
 
     options = ["--model", "benchmarks.host_step.OneLinear", "--data.dataset", "mnist", "--data.batch_size", "1"]
     options += ["--data.data_dir", args.data_dir, "--trainer.default_root_dir", str(root)]

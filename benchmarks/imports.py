@@ -1,10 +1,11 @@
 """Where the imports of train.py's start-up go, dependency by dependency (`python -X importtime`).
 
-Each round runs `python -X importtime -c "import gc; gc.disable(); import train, app.main"` in a fresh interpreter (what
-every process of a run does, the collector off as train.py's `main()` has it, before it parses the command line) and
-adds up the time each module's own code took, by the package it belongs to: a dependency's figure is its own modules,
-not what they import from other packages. `--before PATH` runs another checkout (a `git worktree` of an earlier commit)
-in the same rounds. Medians over the rounds, in seconds.
+Each round runs `python -X importtime -c "import train"` in a fresh interpreter (what every process of a run does
+before it parses the command line: train.py is the program) and adds up the time each module's own code took, by the
+package it belongs to: a dependency's figure is its own modules, not what they import from other packages.
+`--before PATH` runs another checkout (a `git worktree` of an earlier commit) in the same rounds; a checkout of the
+layout before 2026-11-28 (with an `app/main.py`, which that train.py's `main()` imported with the collector off) runs
+`import gc; gc.disable(); import train, app.main` instead. Medians over the rounds, in seconds.
 
     python benchmarks/imports.py
     python benchmarks/imports.py --before /tmp/before
@@ -47,7 +48,7 @@ def main() -> None:
         key=lambda row: -statistics.median(times.get(row, 0.0) for times in runs["now"]),
     )
     rounds = f"medians of {args.rounds} interleaved rounds"
-    print(f"\nSeconds of `import train, app.main`, each package's own modules, {rounds}")
+    print(f"\nSeconds of train.py's imports (`{import_code(REPO)}`), each package's own modules, {rounds}")
     print(f"| package | {' | '.join(checkouts)} |")
     print(f"| --- | {' | '.join('---' for _ in checkouts)} |")
     for row in [*(row for row in rows if row not in ("other", "all")), "other", "all"]:
@@ -55,12 +56,19 @@ def main() -> None:
         print(f"| {row} | {' | '.join(cells)} |")
 
 
+def import_code(checkout: Path) -> str:
+    """What a process of train.py imports before it parses the command line, in `checkout`'s layout."""
+    if (checkout / "app" / "main.py").is_file():  # the old layout: train.py's main() imported the program
+        return "import gc; gc.disable(); import train, app.main"
+    return "import train"
+
+
 def import_times(checkout: Path) -> dict[str, float]:
-    """Seconds spent in each package's own modules while `import train, app.main` runs in `checkout`."""
+    """Seconds spent in each package's own modules while train.py's imports (`import_code`) run in `checkout`."""
     # The checkout first; what PYTHONPATH already holds after it (packages carried there, as on a lent GPU machine).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import gc; gc.disable(); import train, app.main"],
+        [sys.executable, "-X", "importtime", "-c", import_code(checkout)],
         cwd=checkout,
         env=env,
         capture_output=True,

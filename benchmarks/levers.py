@@ -21,7 +21,8 @@ STRATEGY = "--trainer.strategy DDPStrategy --trainer.strategy."
 LEVERS = {
     "defaults": ("", {}),
     "Adam not fused": ("--model.optimizer.fused false", {"adam": {"fused": False}}),
-    "SIGTERM check every step": ("--fault_guard.every_n_steps 1", {"sigterm_every_n_steps": 1}),
+    "stop check every step": ("--stop.every_n_steps 1", {"stop_every_n_steps": 1}),
+    "no stall watchdog": ("--watchdog.timeout 0", {"watchdog_timeout": 0}),
     "bucket view": (f"{STRATEGY}gradient_as_bucket_view true", {"strategy": {"gradient_as_bucket_view": True}}),
     "static_graph": (f"{STRATEGY}static_graph true", {"strategy": {"static_graph": True}}),
     "no broadcast_buffers": (f"{STRATEGY}broadcast_buffers false", {"strategy": {"broadcast_buffers": False}}),

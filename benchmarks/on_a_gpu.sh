@@ -39,9 +39,10 @@ step recipe 220 python3 benchmarks/variants.py --data-dir "$data" \
 # 2. The anchor loop, the bare Trainer and train.py's step (with DDP's wrapper, without, with CUDA graphs), interleaved.
 step device_step 150 python3 benchmarks/device_step.py --data-dir "$data" --steps 150 --rounds 2
 
-# 3. The fault machinery on NCCL (one process), and a frozen process named (gloo, the CPU cores).
-step tests 150 python3 -m pytest -p no:cacheprovider -q tests/test_gpu.py \
-    "tests/test_stalls.py::test_a_frozen_process_is_named_and_the_job_ends"
+# 3. The stop and the continuation on NCCL (one process), and a frozen process named by the stall watchdog (gloo, the
+# CPU cores; rank 1 frozen, then rank 0).
+step tests 180 python3 -m pytest -p no:cacheprovider -q tests/test_gpu.py \
+    "tests/test_stall_watchdog.py::test_a_frozen_process_is_named_by_the_other_and_the_job_ends"
 
 # 4. The whole command against the tutorial's GPU program.
 step whole 90 python3 benchmarks/end_to_end.py --data-dir "$data" --rows convnet --processes 1 --rounds 1 \

@@ -5,8 +5,9 @@ one run to the next, more than the difference it should show. Here one torchrun 
 `--chunk` steps of the Lightning path (train.py's model, datamodule and step callbacks under `Trainer(strategy=
 "ddp")`) alternate with chunks of the plain loop of `ddp_paths.py` (its own copy of the model, its own
 `DistributedDataParallel`, sampler and Adam, over the same process group), so that whatever slows the machine
-down slows both. Every other Lightning chunk checks for SIGTERM before every step, as Lightning does by itself
-(`--fault_guard.every_n_steps 1`). The median chunk of each kind gives ms per step.
+down slows both. Every other Lightning chunk runs train.py's stop check (`GracefulStop`: stop signals and a
+non-finite loss, one all-reduce) after every step, as often as Lightning's own SIGTERM broadcast, which it replaces
+(`--stop.every_n_steps 1`), instead of every 50. The median chunk of each kind gives ms per step.
 
 A second table splits the step: the work both paths share (the model's forward with the normalisation, the loss,
 autograd's backward with DDP's all-reduce, Adam's update, building the batch) is timed where each path calls it; the
@@ -34,7 +35,7 @@ from lightning.pytorch import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.job.fault_guard import FaultGuard  # noqa: E402
+from app.callbacks.graceful_stop import GracefulStop  # noqa: E402
 from benchmarks.ddp_paths import PlainLoop, _device_name, _model, add_data_arguments, run_torchrun, sync  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from datamodules.mnist import BatchedTensorDataset  # noqa: E402
@@ -43,7 +44,7 @@ from models.base import ImageClassifier  # noqa: E402
 KINDS = {
     "plain": "plain PyTorch DDP loop",
     "lightning": "Lightning, train.py's defaults",
-    "lightning_sigterm_every_step": "Lightning, `--fault_guard.every_n_steps 1`",
+    "lightning_stop_every_step": "Lightning, `--stop.every_n_steps 1`",
 }
 # The work both paths share, as (owner, attribute): each path reaches it through that attribute.
 SHARED_WORK = {
@@ -111,9 +112,9 @@ def print_table(args: argparse.Namespace, rounds: list[dict]) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
     from lightning.pytorch.strategies import DDPStrategy
 
-    from app.job.process_group import close_process_group
     from benchmarks.bare_trainer import bare_trainer
 
     alternate = Alternate(args)
@@ -132,11 +133,13 @@ def run_worker(args: argparse.Namespace) -> None:
         result["phases"] = {kind: alternate.clock.ms_per_step(kind, seconds, args.chunk) for kind, seconds in chunks}
         result["device"] = _device_name(trainer.strategy.root_device)
         Path(args.out, "rank0.json").write_text(json.dumps(result))
-    close_process_group()  # as train.py does: see app/job/process_group.py
+    if dist.is_initialized():  # as train.py does: else gloo's threads may abort the process at its exit
+        dist.destroy_process_group()
 
 
 class Alternate(Callback):
-    """After every chunk of Lightning steps, time a chunk of plain steps; switch the SIGTERM check every chunk.
+    """After every chunk of Lightning steps, time a chunk of plain steps; switch the stop check's interval every
+    chunk.
 
     All ranks count the same steps, so they switch together and take part in the same collectives.
     """
@@ -149,8 +152,8 @@ class Alternate(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.plain = PlainLoop(self.args, pl_module.device)
-        self.fault_guard = next(c for c in trainer.callbacks if isinstance(c, FaultGuard))  # bare_trainer's
-        self.default_every_n_steps = self.fault_guard.every_n_steps
+        self.stop = next(c for c in trainer.callbacks if isinstance(c, GracefulStop))  # bare_trainer's
+        self.default_every_n_steps = self.stop.every_n_steps
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.steps += 1
@@ -163,9 +166,9 @@ class Alternate(Callback):
             self.clock.kind = "plain"
             self.chunks["plain"].append(self.plain.time_steps(self.args.chunk))
         chunk_index = since_warmup // self.args.chunk
-        self.kind = "lightning" if chunk_index % 2 == 0 else "lightning_sigterm_every_step"
+        self.kind = "lightning" if chunk_index % 2 == 0 else "lightning_stop_every_step"
         self.clock.kind = self.kind
-        self.fault_guard.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
+        self.stop.every_n_steps = self.default_every_n_steps if self.kind == "lightning" else 1
         sync(pl_module.device)
         self.start = time.perf_counter()
 

@@ -1,7 +1,13 @@
 """train.py with time stamps (`startup_stamps.py`), for `startup.py`: run in train.py's place, with its arguments.
 
-It imports `train` and the program it runs (`app.main`: torch, Lightning, the app; with the garbage collector off, as
-train.py's `main()` does), stamps the end of the imports, wraps the moments that follow, then runs train.py's `main()`.
+It imports train.py's program, stamps the end of the imports, wraps the moments that follow, then runs train.py's
+`main()`. Which program that is depends on the checkout it runs in (the first `train` on the path: `startup.py` puts
+the checkout in PYTHONPATH; without one, this file's own):
+
+- this layout: `train.py` is the program (`TrainCLI`, `main`): `import train` imports torch, Lightning and `app/`;
+- the layout before 2026-11-28 (an `app/main.py`, as a `--before` checkout may have): `train.py` only starts
+  `app.main`, with the garbage collector off while importing; the probe imports both the same way.
+
 Processes that Lightning's launcher starts run this file again, since they re-run the command line; under torchrun
 every worker runs it.
 
@@ -14,14 +20,22 @@ every worker runs it.
 import functools
 import gc
 import importlib
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 from startup_stamps import set_rank, stamp
 
-gc.disable()  # as train.py's main() does while it imports
-import train  # noqa: E402 (train.py's own start-up: what this file measures; before this change, it imported all)
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # this checkout, after PYTHONPATH's (startup.py's choice)
+# The old layout's train.py imports `app.main` in its main(), with the collector off (and frozen after): the same here.
+OLD_LAYOUT = Path(importlib.util.find_spec("train").origin).parent.joinpath("app", "main.py").is_file()
+if OLD_LAYOUT:
+    gc.disable()
+import train  # noqa: E402 (train.py's own start-up: what this file measures)
 
-importlib.import_module("app.main")  # what train.py's main() imports now
+if OLD_LAYOUT:
+    importlib.import_module("app.main")  # what the old train.py's main() imports
 
 stamp("imported")
 
@@ -52,4 +66,4 @@ wrap(_TrainingEpochLoop, "advance", after="first step")
 set_rank(int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))))  # one node: the local rank
 
 if __name__ == "__main__":
-    train.main()
+    train.main()  # ends the process (sys.exit, or the signal that stopped it)

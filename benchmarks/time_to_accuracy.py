@@ -17,9 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from lightning.pytorch import Callback, seed_everything  # noqa: E402
 
-from app.job.process_group import close_process_group  # noqa: E402
 from benchmarks.bare_trainer import bare_trainer  # noqa: E402
 from datamodules import MNISTDataModule  # noqa: E402
 from models import ConvNet, SeqNet  # noqa: E402
@@ -83,7 +83,8 @@ def main() -> None:
             print(json.dumps(line | {"processes": trainer.world_size, "device": device}), flush=True)
         if reached:
             break
-    close_process_group()
+    if dist.is_initialized():  # as train.py does: else gloo's threads may abort the process at its exit
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -20,14 +20,13 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt, register_type
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from lightning.pytorch.utilities import rank_zero_warn
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import MNIST, FashionMNIST
 
-from app.console import UserError
+from app.console import UserError, say
 from datamodules.images import mnist_pixels
 from datamodules.sampler import ResumableDistributedSampler
 
@@ -50,8 +49,8 @@ def _holds_the_files(dataset_class: type, folder: Path) -> bool:
 def leave_stops_to_the_training_process(worker_id: int, rank: int | None = None) -> None:
     """In a DataLoader worker: ignore Ctrl-C, SIGTERM and SIGHUP, which often reach every process of the job at once
     (a closed terminal, `kill -- -PGID`, SLURM signalling a job step). The training process stops at the step every
-    rank agrees on and ends its workers itself (app/job/fault_guard.py); a worker killed by the signal would end the
-    run first, with torch's "DataLoader worker is killed by signal" and nothing saved. A worker whose training
+    rank agrees on (app/callbacks/graceful_stop.py) and ends its workers itself; a worker killed by the signal would
+    end the run first, with torch's "DataLoader worker is killed by signal" and nothing saved. A worker whose training
     process dies ends by itself (torch's watchdog), and one left when it exits is killed (`end_workers_left_at_exit`).
     Lightning's seeding of workers is kept, with the rank it would give: it adds its own `worker_init_fn` only to a
     loader that has none."""
@@ -320,15 +319,11 @@ class MNISTDataModule(LightningDataModule):
             images.append(torch.from_numpy(pixels))
             self.predict_files.append(path)
         if blank:
-            rank_zero_warn(
-                f"Skipped {len(blank)} picture(s) of {folder} with nothing drawn on them: {', '.join(blank)}"
-            )
+            say(f"Skipped {len(blank)} picture(s) of {folder} with nothing drawn on them: {', '.join(blank)}")
         if skipped:
-            rank_zero_warn(
-                f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}"
-            )
+            say(f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}")
         if too_large:
-            rank_zero_warn(
+            say(
                 f"Skipped {len(too_large)} picture(s) of {folder} with more pixels than Pillow decodes safely"
                 f" ({Image.MAX_IMAGE_PIXELS // 1_000_000} million, its guard against decompression bombs):"
                 f" {', '.join(too_large)}. Make them smaller to predict them."
@@ -433,12 +428,24 @@ class MNISTDataModule(LightningDataModule):
             "inside_an_epoch": not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch,
         }
 
+    def continue_from(self, state: dict[str, Any], world_size: int, accumulated: int, epoch: int) -> None:
+        """Take the per-device batch a run continued from a checkpoint (`state`, of `epoch`) trains with on
+        `world_size` processes (`batch_size_to_continue`; the batch size is chosen where it is not the run's), said
+        in a line where it changes. train.py asks before the processes meet: a refused continuation changes nothing."""
+        chosen = self.hparams.batch_size != state.get("batch_size", self.hparams.batch_size)
+        batch_size = self.batch_size_to_continue(state, world_size, accumulated, chosen, epoch)
+        if batch_size != self.hparams.batch_size:
+            say(
+                f"Continuing a run of {state['world_size']} processes on {world_size}: per-device batch"
+                f" {self.hparams.batch_size} -> {batch_size}, to keep the global batch of {state['global_batch_size']}."
+            )
+        self.hparams.batch_size = batch_size
+
     def batch_size_to_continue(
         self, state: dict[str, Any], world_size: int, accumulated: int, chosen: bool, epoch: int
     ) -> int:
         """The per-device batch a run continued from a checkpoint (`state`, of `epoch`) trains with on `world_size`
-        processes; a `DataError` saying why there is none. train.py asks before the run starts
-        (app/command_line/train_cli.py), so that a refused continuation changes nothing.
+        processes; a `DataError` saying why there is none.
 
         Without a batch size `chosen` for the continuation, the global batch stays as it was on another number of
         processes too, and so the optimizer steps are made of the samples they would have been made of without the

@@ -43,11 +43,6 @@ class ResumableDistributedSampler(DistributedSampler):
             self.given += 1
             yield index
 
-    def indices_in_pass(self) -> int:
-        """How many indices this rank gives in the current pass: its share of the epoch, or of what was left of the
-        epoch when the pass continued a stopped one (`app/run/replan.py` plans a continued run's schedule with it)."""
-        return math.ceil((len(self.dataset) - self.start) / self.num_replicas)
-
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.start + self.given * self.num_replicas}
 

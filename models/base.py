@@ -71,17 +71,6 @@ class ImageClassifier(LightningModule):
     """
 
     net: nn.Module
-    # The settings of how the network trains and how fast, not of what it is: a run continued with `--ckpt_path last`
-    # may change these (app/run/replan.py), and keeps every other setting it was built with.
-    training_settings = (
-        "optimizer",
-        "lr_scheduler",
-        "one_cycle",
-        "cycle_momentum",
-        "channels_last",
-        "compile",
-        "cuda_graph",
-    )
 
     def __init__(
         self,

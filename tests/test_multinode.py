@@ -287,3 +287,21 @@ def test_two_hosts_with_their_own_addresses_find_each_other(data_dir, tmp_path, 
     for rank, host in enumerate(two_hosts):
         assert f"Reaching the first node (10.99.0.1) through {host}v" in outputs[rank]
     assert "Finished: test/acc" in outputs[0]
+
+
+def test_nodes_given_different_devices_under_lightnings_launcher_end_at_once_leaving_nothing(data_dir, tmp_path):
+    """Node 0 starts two processes, node 1 one: each node says so in one line and ends, node 0's second process with
+    it (it was still importing, or waiting to meet), where they would wait for each other for half an hour."""
+    port = str(free_port())
+    env_of = lambda node: {"NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # noqa: E731
+    args = lambda node: small_run(data_dir, tmp_path, "--num_nodes", "2", devices=2 - node)  # noqa: E731
+    (status_0, out_0), (status_1, out_1) = pods(args, env_of, [sys.executable, "train.py"], timeout=120)
+    differ = "the nodes were started with different settings: --trainer.devices is 2 on node 0 and 1 on node 1."
+    assert (status_0, status_1) == (1, 1), out_0[-2000:] + out_1[-2000:]
+    assert [line for line in out_0.splitlines() if line.startswith("error")] == [
+        f"error: {differ} Start every node with the same command line."
+    ]
+    assert [line for line in out_1.splitlines() if line.startswith("error")] == [
+        f"error (node 1 on {socket.gethostname()}): {differ} Start every node with the same command line."
+    ]
+    assert not (tmp_path / "SeqNet-mnist").exists()

@@ -4,6 +4,7 @@ different settings; in processes the test starts itself, as Lightning's launcher
 import os
 import re
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -100,3 +101,38 @@ def test_nodes_started_with_other_options_end_in_one_line_naming_them_and_write_
         " node 1. Start every node with the same command line."
     ], said[-3000:]
     assert not (tmp_path / "SeqNet-mnist").exists()
+
+
+def test_nodes_told_different_devices_end_at_once_in_one_line_naming_them(tmp_path):
+    """Node 0 told one process a node, node 1 two: under Lightning's launcher they would wait for each other until the
+    process group's timeout (half an hour); each node's first process says so and ends."""
+    port = free_port()
+    node_0 = job(_meet, 2, 2, None, 1, nodes=2, ranks=[0], port=port, folder=tmp_path)
+    node_1 = job(_meet, 4, 2, None, 2, nodes=2, ranks=[2], port=port, folder=tmp_path)  # NODE_RANK 1, LOCAL_RANK 0
+    assert ended(node_0 + node_1, timeout=60) == [1, 1]
+    differ = "the nodes were started with different settings: --trainer.devices is 1 on node 0 and 2 on node 1."
+    assert f"error: {differ}" in log(tmp_path, 0)
+    assert re.search(rf"^error \(node 1 on [^)]+\): {re.escape(differ)}", log(tmp_path, 2), re.M)
+
+
+def test_a_port_in_use_is_said_in_one_line(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert ended(job(_meet, 1, 1, None, port=port, folder=tmp_path), timeout=60) == [0]
+    assert re.search(
+        r"^UserError False: the processes of the job could not meet: .*address already in use\. Start every node with"
+        r" the same MASTER_ADDR .* MASTER_PORT \(free on node 0\)",
+        log(tmp_path, 0),
+        re.M,
+    ), log(tmp_path, 0)[-2000:]
+
+
+def test_a_mistake_before_the_meeting_is_said_by_each_node(data_dir, tmp_path):
+    """Each node's output is its own (another machine's terminal, another log): node 1 says the mistake too."""
+    args = small_run(data_dir, tmp_path, "--num_nodes", "2", "--trainer.max_epoch", "3", devices=1)
+    assert ended(job(_train, 2, args, [], nodes=2, folder=tmp_path)) == [1, 1]
+    mistake = "--trainer.max_epoch: no such option; did you mean --trainer.max_epochs?"
+    assert f"error: {mistake}" in log(tmp_path, 0).splitlines()
+    assert re.search(rf"^error \(node 1 on [^)]+\): {re.escape(mistake)}$", log(tmp_path, 1), re.M), log(tmp_path, 1)

@@ -114,7 +114,7 @@ def test_images_show_samples_and_confusion_matrices(tensorboard):
 def test_hparams_compare_runs_by_their_real_accuracy(tensorboard):
     experiment = get(f"{tensorboard}/data/plugin/hparams/experiment", {"experimentName": ""})
     names = {info["name"] for info in experiment["hparamInfos"]}
-    assert {"model/class_path", "model/optimizer/lr", "data/dataset", "data/batch_size"} <= names
+    assert {"model", "model/optimizer/lr", "data/dataset", "data/batch_size"} <= names
     assert {"trainer/max_epochs", "trainer/devices", "trainer/strategy", "seed_everything"} <= names
     assert {info["name"]["tag"] for info in experiment["metricInfos"]} == set(HPARAMS_METRICS)
     groups = get(
@@ -122,7 +122,7 @@ def test_hparams_compare_runs_by_their_real_accuracy(tensorboard):
         {"experimentName": "", "startIndex": 0, "sliceSize": 10, "colParams": [], "allowedStatuses": STATUSES},
     )["sessionGroups"]
     (group,) = groups
-    assert group["hparams"]["model/class_path"] == "models.ConvNet"
+    assert group["hparams"]["model"] == "models.ConvNet"
     assert group["hparams"]["data/batch_size"] == 50
     metrics = {value["name"]["tag"]: value["value"] for value in group["metricValues"]}
     assert 0.85 <= metrics["test/acc"] < 1 and 0 < metrics["val/acc"] <= 1

@@ -12,13 +12,16 @@ class GlobalBatchInfo(Callback):
     (docs/configuration.md): the global batch, the learning rate, the steps of an epoch (the last one takes the
     batches left over) and of the run. At the first batch, once a continued run's schedule is planned."""
 
+    def __init__(self) -> None:
+        self.due = False  # at the next training batch, the fit's first
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._first = True
+        self.due = True
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        if not getattr(self, "_first", False):
+        if not self.due:
             return
-        self._first = False
+        self.due = False
         per_device = len(batch[0])  # a batch of the configured size, or a process's whole share of a smaller set
         global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)

@@ -126,7 +126,7 @@ class GracefulStop(Callback):
         # for the device at every step (Lightning-AI/pytorch-lightning#21487). This callback takes SIGTERM in its
         # place (a flag Lightning's handler set before the loops is agreed on above), so the broadcast has nothing
         # to say; the loop's own method is back at the stage's end (`_put_back`).
-        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _nothing
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         if self.save_every_s is not None and trainer.global_step == 0 and self.checkpoint is not None:
             trainer.save_checkpoint(self._path(), weights_only=False)  # a process lost at once restarts this run
 
@@ -232,7 +232,3 @@ class GracefulStop(Callback):
         if threading.current_thread() is threading.main_thread():
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
-
-
-def _nothing() -> None:
-    pass

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -19,12 +20,18 @@ from typing import Any
 
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, Strategy
 from typing_extensions import override
 
 from app.console import UserError, options_of
 
-ARRIVED = "rendezvous/node/"  # a key per node in the job's store, once one of its processes is there
+ARRIVED = "rendezvous/node/"  # a key per node in the job's store, once one of its processes is there: its shape
+SEEN = "rendezvous/refused/"  # a key per node that saw the nodes were told different shapes
+HINT = (
+    "Start every node with the same MASTER_ADDR (an address of node 0 that every node reaches) and MASTER_PORT (free on"
+    " node 0), and its own NODE_RANK. --trainer.strategy RendezvousDDPStrategy --trainer.strategy.timeout 0:10:00 sets"
+    " how long they wait for each other (30 minutes by default)."
+)
 SAID_AS = {
     "--subcommand": "the subcommand",
     "--program": "the program's code (train.py, app/, models/, datamodules/)",
@@ -65,7 +72,11 @@ class RendezvousDDPStrategy(DDPStrategy):
         if self.num_nodes > 1:
             _choose_the_network_interface(self.cluster_environment.main_address, self.local_rank == 0)
         with _ctrl_c_ends_the_wait(), self._said_while_waiting():
-            super().setup_environment()
+            try:
+                super().setup_environment()
+            except (dist.DistNetworkError, dist.DistStoreError) as error:  # the meeting's own: a port in use, a timeout
+                meeting = " ".join(str(error).split())
+                raise UserError(f"the processes of the job could not meet: {meeting}. {HINT}") from error
         if self.agree_on is not None and self.world_size > 1:
             self._agree(self.agree_on)
 
@@ -84,49 +95,56 @@ class RendezvousDDPStrategy(DDPStrategy):
         finally:
             met.set()
         if said.is_set():
-            print(
-                f"All {self.world_size} processes of the job have met, after {time.monotonic() - started:.0f} s.",
-                flush=True,
-            )
+            waited = time.monotonic() - started
+            print(f"All {self.world_size} processes of the job have met, after {waited:.0f} s.", flush=True)
 
     def _watch_the_meeting(self, met: threading.Event, said: threading.Event) -> None:
         host, port = self.cluster_environment.main_address, self.cluster_environment.main_port
-        started, store = time.monotonic(), None
+        started, store, shape = time.monotonic(), None, json.dumps(self._shape)
         notice = started + self.notice_after_s  # a node missing that long once the store is up (node 0's first)
         while not met.is_set():
             missing: list[int] | None = None  # no store yet: node 0's first process has not reached the meeting
+            shapes: dict[int, dict] = {}  # each node's that is there
             try:
                 if store is None:
                     socket.create_connection((host, port), timeout=1).close()  # a client would print its retries
                     store = dist.TCPStore(
                         host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5)
                     )
-                    store.add(f"{ARRIVED}{self.node_rank}", 1)
+                    store.set(f"{ARRIVED}{self.node_rank}", shape)
                     notice = time.monotonic() + self.notice_after_s
                 missing = [node for node in range(self.num_nodes) if not store.check([f"{ARRIVED}{node}"])]
+                shapes = {n: json.loads(store.get(f"{ARRIVED}{n}")) for n in range(self.num_nodes) if n not in missing}
             except Exception:  # noqa: BLE001, S112 (not up yet, or gone: looked at again in a moment)
                 pass
+            if any(theirs != self._shape for theirs in shapes.values()):  # they would wait for each other in vain
+                self._refuse(store, shapes)
             if time.monotonic() < notice or missing == [] or met.wait(0.25):
                 met.wait(0.25)  # at once where met (that wait returned True), else a moment
                 continue
             notice += 60
-            waited = f"Node {self.node_rank} has waited {time.monotonic() - started:.0f} s"
             if missing is None:
-                why = "where no process of node 0 answers yet: not started yet, or started with another MASTER_ADDR or"
-                print(
-                    f"{waited} at {host}:{port}, {why} MASTER_PORT, or a firewall closes the port. Ctrl-C ends the"
-                    " wait.",
-                    flush=True,
-                )
+                why = ", where no process of node 0 answers yet: not started yet, or started with another"
+                why += " MASTER_ADDR or MASTER_PORT, or a firewall closes the port"
             else:
-                nodes = ", ".join(map(str, missing))
-                print(
-                    f"{waited} at {host}:{port} for node(s) {nodes} of {self.num_nodes}: not started yet, started"
-                    " with another MASTER_ADDR or MASTER_PORT, or failed before the meeting (its output says why)."
-                    " Ctrl-C ends the wait.",
-                    flush=True,
-                )
+                why = f" for node(s) {', '.join(map(str, missing))} of {self.num_nodes}: not started yet, started with"
+                why += " another MASTER_ADDR or MASTER_PORT, or failed before the meeting (its output says why)"
+            waited = f"Node {self.node_rank} has waited {time.monotonic() - started:.0f} s at {host}:{port}"
+            print(f"{waited}{why}. Ctrl-C ends the wait.", flush=True)
             said.set()
+
+    def _refuse(self, store: dist.Store, shapes: dict[int, dict]) -> None:
+        """End this process with the line naming what the nodes that are there were told; node 0's first process, which
+        holds the job's store, only once the others have seen it too (5 s at most)."""
+        who = "error" if self.node_rank == 0 else f"error (node {self.node_rank} on {socket.gethostname()})"
+        print(f"{who}: {_differences(shapes, 'node')}", file=sys.stderr, flush=True)
+        store.set(f"{SEEN}{self.node_rank}", "")
+        deadline = time.monotonic() + 5
+        while self.node_rank == 0 and time.monotonic() < deadline and not store.check([SEEN + str(n) for n in shapes]):
+            time.sleep(0.05)
+        if self.launcher is not None:  # the processes it started end with it
+            self.launcher.kill(signal.SIGKILL)
+        os._exit(1)  # the meeting, in C code, cannot be interrupted; nothing is written yet
 
     def _agree(self, settings: dict) -> None:
         """Raise the same `UserError` in every process where their settings differ: one collective where they agree."""
@@ -141,29 +159,37 @@ class RendezvousDDPStrategy(DDPStrategy):
         who = "node"
         if any(len({d for n, d in digests if n == node}) > 1 for node in by_node):  # and a node's processes too
             by_node, who = {rank: options_of(theirs) for rank, theirs in enumerate(everyone)}, "global rank"
-        names = sorted(by_node)
-        differ = [
-            key
-            for key in dict.fromkeys(k for flat in by_node.values() for k in flat)
-            if len({json.dumps(flat.get(key), default=str) for flat in by_node.values()}) > 1
-        ]
-        if any(key in SAID_AS and key != "--program" for key in differ):  # they bring other settings with them
-            differ = [key for key in differ if key in SAID_AS]
-        said = []
-        for key in differ:
-            values: dict[str, list[int]] = {}
-            for name in names:
-                values.setdefault(json.dumps(by_node[name].get(key), default=str).strip('"'), []).append(name)
-            on = " and ".join(
-                f"{value} on {who}{'s' if len(of) > 1 else ''} {', '.join(map(str, of))}"
-                for value, of in values.items()
-            )
-            said.append(f"{SAID_AS.get(key, key)} is {on}")
-        raise UserError(
-            f"the nodes were started with different settings: {'; '.join(said)}. Start every node with the same"
-            f" {'version of the program and ' if '--program' in differ else ''}command line.",
-            every_process=True,
+        raise UserError(_differences(by_node, who), every_process=True)
+
+    @property
+    def _shape(self) -> dict:
+        """What Lightning's launcher was told on this node: every node must have been told the same."""
+        return {"--trainer.devices": self.num_processes, "--trainer.num_nodes": self.num_nodes}
+
+
+def _differences(by_node: dict[int, dict], who: str) -> str:
+    """What differs between the settings of each node (or global rank: `who`), as a mistake's line."""
+    names = sorted(by_node)
+    differ = [
+        key
+        for key in dict.fromkeys(k for flat in by_node.values() for k in flat)
+        if len({json.dumps(flat.get(key), default=str) for flat in by_node.values()}) > 1
+    ]
+    if any(key in SAID_AS and key != "--program" for key in differ):  # they bring other settings with them
+        differ = [key for key in differ if key in SAID_AS]
+    said = []
+    for key in differ:
+        values: dict[str, list[int]] = {}
+        for name in names:
+            values.setdefault(json.dumps(by_node[name].get(key), default=str).strip('"'), []).append(name)
+        on = " and ".join(
+            f"{value} on {who}{'s' if len(of) > 1 else ''} {', '.join(map(str, of))}" for value, of in values.items()
         )
+        said.append(f"{SAID_AS.get(key, key)} is {on}")
+    return (
+        f"the nodes were started with different settings: {'; '.join(said)}. Start every node with the same"
+        f" {'version of the program and ' if '--program' in differ else ''}command line."
+    )
 
 
 @contextmanager
@@ -206,3 +232,27 @@ def _choose_the_network_interface(address: str, say: bool) -> None:
                     flush=True,
                 )
             return
+
+
+def wait_for_the_launched(strategy: Strategy) -> int:
+    """In the process the strategy's launcher (Lightning's) started the others from, once its work is done: the job's
+    exit status when they have ended (a minute at most), one that failed failing it, one a signal stopped stopping
+    it."""
+    for local_rank, process in enumerate(getattr(strategy.launcher, "procs", []), start=1):
+        try:
+            status = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            status = None
+        if status in (1, -signal.SIGINT, -signal.SIGTERM):  # it said why, or was stopped as the job is
+            return status
+        if status != 0:
+            ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
+            print(
+                f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's"
+                " work was done, so the job failed.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+    return 0

@@ -1,11 +1,15 @@
-"""What the fault handling costs a run: the same train.py command from another revision, and from this tree with
-and without the heartbeats, in interleaved rounds (A B C A B C ...), so that a slow moment of the machine slows all.
+"""What the fault handling costs a run: the same train.py command from this tree with and without the stall watchdog
+(`StallWatchdog`, `--watchdog.timeout 0`: no thread, no socket), and from another revision where one is given, in
+interleaved rounds (A B C A B C ...), so that a slow moment of the machine slows all. The stop check (`GracefulStop`,
+every `--stop.every_n_steps`) has no switch: `overhead.py` and `levers.py` price it every step against every 50.
 
 For each variant: the whole command (Enter to prompt) and the steady-state training step (the median of the
-dashboard's `workload/step_ms`, logged every `--trainer.log_every_n_steps` steps). The other revision is checked out
-into a temporary git worktree and run with this tree's interpreter.
+dashboard's `workload/step_ms`, logged every `--trainer.log_every_n_steps` steps). The other revision (`--before`,
+say c8b1403, from before the fault handling) is checked out into a temporary git worktree and run with this tree's
+interpreter, with the same command and no more options.
 
-    python benchmarks/fault_guard_cost.py --before c8b1403 --data-dir ../shared/datasets --rounds 3
+    python benchmarks/fault_handling_cost.py --data-dir ../shared/datasets --rounds 3
+    python benchmarks/fault_handling_cost.py --before c8b1403 --data-dir ../shared/datasets --rounds 3
 """
 
 import argparse
@@ -23,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, help="the git revision to compare with")
+    parser.add_argument("--before", help="a git revision to compare with (none: this tree alone)")
     parser.add_argument("--data-dir", default="../shared/datasets", help="folder holding MNIST/raw/")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
@@ -37,15 +41,18 @@ def main() -> None:
         *("--trainer.max_epochs", str(args.epochs), "--trainer.accelerator", "cpu"),
         *("--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "20"),
     ]
+    variants = {
+        "this tree": (REPO, []),
+        "this tree, --watchdog.timeout 0": (REPO, ["--watchdog.timeout", "0"]),
+    }
     with tempfile.TemporaryDirectory() as scratch:
+        if args.before is None:
+            print_table(args, interleaved_rounds(variants, command, args.rounds, Path(scratch)), "vs this tree")
+            return
         before = Path(scratch) / "before"
         subprocess.run(["git", "worktree", "add", "--detach", str(before), args.before], cwd=REPO, check=True)
         try:
-            variants = {
-                f"{args.before} (before)": (before, []),
-                "this tree": (REPO, []),
-                "this tree, --fault_guard.stall_timeout 0": (REPO, ["--fault_guard.stall_timeout", "0"]),
-            }
+            variants = {f"{args.before} (before)": (before, []), **variants}
             results = interleaved_rounds(variants, command, args.rounds, Path(scratch))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO)
