@@ -86,7 +86,7 @@ def export(argv: list[str]) -> Path:
             with warnings.catch_warnings():  # torch and Lightning deprecate TorchScript; it was asked for
                 warnings.simplefilter("ignore")
                 traced = model.to_torchscript(method="trace", example_inputs=EXAMPLE)
-            write_whole(output, lambda file: torch.jit.save(traced, file))
+                write_whole(output, lambda file: torch.jit.save(traced, file))
         else:
             _write_onnx(model, output, MNISTDataModule(dataset=dataset).class_names, dataset)
     except OSError as error:

@@ -156,18 +156,15 @@ class RunLogger(TensorBoardLogger):
     """Lightning's TensorBoard logger in a run folder that nothing overwrites.
 
     Args:
-        save_dir, name: The folder `<save_dir>/<name>/version_N`, whose N is the next free one, claimed with `mkdir`
-            (which one process wins, whatever the file system's timing) by global rank 0 when Lightning first asks
-            for the version there: once the processes have met (`Trainer.log_dir`'s broadcast, which gives the other
-            processes the folder; they write nothing).
+        save_dir, name: The folder `<save_dir>/<name>/version_N` with the next free N, claimed with `mkdir` (one
+            process wins) by global rank 0 when Lightning first asks for the version, once the processes have met;
+            the others get the folder from Lightning's broadcast (`Trainer.log_dir`) and write nothing.
         version: The name of a run it continues (`version_3`) instead.
         **kwargs: `TensorBoardLogger`'s.
 
-    Global rank 0 holds the folder (`flock`) while the process runs: another process that would continue it is
-    refused in one line. A command that fails or stops before it saved a checkpoint or a prediction takes back what
-    it wrote: a new folder goes, a continued run's new files go. The HPARAMS tab holds the hyperparameters with the
-    run's metrics as columns, and Lightning's own scalars (epoch, learning rates) stand after the loss and accuracy,
-    under `workload/`.
+    Global rank 0 holds the folder (`flock`) while it runs: another process that would continue it is refused. A
+    command that fails or stops before it saved a checkpoint or a prediction takes back what it wrote. The HPARAMS
+    tab has the run's metrics as columns; Lightning's own scalars (epoch, learning rates) go under `workload/`.
     """
 
     def __init__(self, save_dir: str, name: str, version: str | None = None, **kwargs: Any) -> None:

@@ -27,11 +27,8 @@ class GlobalBatchInfo(Callback):
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         total = trainer.estimated_stepping_batches
         group = trainer.optimizers[0].param_groups[0]
-        lr = (
-            f"peak learning rate {group['max_lr']:g} (one-cycle)"
-            if "max_lr" in group
-            else f"learning rate {group['lr']:g}"
-        )
+        cycle = "max_lr" in group
+        lr = f"peak learning rate {group['max_lr']:g} (one-cycle)" if cycle else f"learning rate {group['lr']:g}"
         in_the_run = f", {int(total)} in the run" if math.isfinite(total) else ""
         say(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes x"

@@ -42,15 +42,13 @@ class GracefulStop(Callback):
         save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (None: never); a new
             run then also saves its weights before its first step.
 
-    The signal handlers only record the signal (a handler that runs a collective hangs when it meets another
-    process's gradient all-reduce, as Lightning's SIGTERM handler may); the processes act on it at the next check,
-    together: `last.ckpt` is saved and every process raises `Stopped`. SIGTERM and SIGHUP are passed on to the
-    processes Lightning's launcher started, as Lightning does. A signal before the stage's loops stops every process
-    as they start, keeping nothing; one during an evaluation stops it at once (nothing to keep), as does a second
-    Ctrl-C a second after the first (a terminal that delivers one press twice is one press). After SLURM's signal
-    `scontrol requeue` puts the job back in the queue. A non-finite loss is kept on the device, every step's, and
-    read at the checks: `UserError` before `last.ckpt` would hold the diverged weights. A signal ignored when the
-    stage starts (SIGHUP under `nohup`) stays ignored; the handlers from before come back when the stage ends.
+    The handlers only record the signal (one that ran a collective would hang against another process's gradient
+    all-reduce); the processes act on it together at the next check: `last.ckpt` is saved and each raises `Stopped`.
+    SIGTERM and SIGHUP reach the processes Lightning's launcher started, as Lightning passes them on. A signal before
+    the training loop stops every process as it starts, keeping nothing; one during an evaluation, or a second Ctrl-C
+    a second after the first, stops at once. After SLURM's signal, `scontrol requeue`. A non-finite loss, any step's,
+    is kept on the device and read at the checks: `UserError` before `last.ckpt` could hold it. A signal ignored at the
+    start (SIGHUP under `nohup`) stays ignored; the handlers from before come back at the stage's end.
     """
 
     def __init__(

@@ -10,7 +10,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 
 import torch.distributed as dist
 from jsonargparse.typing import NonNegativeFloat
@@ -27,12 +26,11 @@ class StallWatchdog(Callback):
         timeout: Seconds without a sign of life, or without progress anywhere (0: off, and nothing runs: no thread,
             no socket, no collective).
 
-    One thread per process sends a datagram with where it stands to every other process every `timeout / 10` seconds
-    (at most 5), and reads theirs until its next beat. A datagram cannot wait: a call to the job's TCP store waits
-    without end, whatever its timeout, for a holder that froze (global rank 0, under Lightning's launcher), so that no
-    one would be left to name it. The addresses are exchanged as a stage starts (one `all_gather_object`). The lowest
-    process that still answers names the others; every process that noticed ends, killing the silent ones of its own
-    host (a frozen process never ends by itself). What the last checkpoint holds stays.
+    One thread per process sends a datagram with where it stands to every other process every `timeout / 10` s (at
+    most 5) and reads theirs: a call to the job's TCP store would wait without end for a holder that froze (global
+    rank 0, under Lightning's launcher), and no one would be left to name it. The addresses are exchanged as a stage
+    starts (one `all_gather_object`). The lowest process that still answers names the others; each process that
+    noticed ends, killing the silent ones of its own host. What the last checkpoint holds stays.
     """
 
     def __init__(self, timeout: NonNegativeFloat = 60) -> None:
@@ -82,39 +80,31 @@ class StallWatchdog(Callback):
         heard, left, where = [time.monotonic()] * len(everyone), set(), [""] * len(everyone)
         progress, moved = [-1] * len(everyone), time.monotonic()
         next_beat = 0.0
-        try:
-            while True:
-                now = time.monotonic()
-                if now >= next_beat or stop.is_set():
-                    moved = now if self.batches != progress[me] else moved
-                    where[me], progress[me] = self._where(), self.batches
-                    said = json.dumps([nonce, me, where[me], self.batches, stop.is_set()]).encode()
-                    for rank, other in enumerate(everyone):
-                        if rank != me and rank not in left:
-                            with contextlib.suppress(OSError):  # a host that cannot be reached is silent, said later
-                                beats.sendto(said, tuple(other["address"]))
-                    if stop.is_set():
-                        return
-                    next_beat = now + interval
-                    self._judge(now, heard, left, moved, where, everyone)
-                beats.settimeout(max(0.01, next_beat - time.monotonic()))
-                try:
-                    nonce_of, rank, at, batches, leaving = json.loads(beats.recv(4096))
-                except (TimeoutError, ValueError):
-                    continue
-                if nonce_of == nonce and 0 <= rank < len(everyone):
-                    heard[rank], where[rank] = time.monotonic(), at
-                    left |= {rank} if leaving else set()
-                    if batches != progress[rank]:
-                        progress[rank], moved = batches, time.monotonic()
-        except Exception:  # a bug of this thread's: said, and this process is no longer watched
-            print(
-                f"error in the stall watchdog (a bug; the job goes on unwatched):\n{traceback.format_exc()}",
-                file=sys.stderr,
-                flush=True,
-            )
-        finally:
-            beats.close()
+        while True:  # an exception here (a bug) is said by threading's hook; the job goes on unwatched
+            now = time.monotonic()
+            if now >= next_beat or stop.is_set():
+                moved = now if self.batches != progress[me] else moved
+                where[me], progress[me] = self._where(), self.batches
+                said = json.dumps([nonce, me, where[me], self.batches, stop.is_set()]).encode()
+                for rank, other in enumerate(everyone):
+                    if rank != me and rank not in left:
+                        with contextlib.suppress(OSError):  # a host that cannot be reached is silent, said later
+                            beats.sendto(said, tuple(other["address"]))
+                if stop.is_set():
+                    beats.close()
+                    return
+                next_beat = now + interval
+                self._judge(now, heard, left, moved, where, everyone)
+            beats.settimeout(max(0.01, next_beat - time.monotonic()))
+            try:
+                nonce_of, rank, at, batches, leaving = json.loads(beats.recv(4096))
+            except (TimeoutError, ValueError):
+                continue
+            if nonce_of == nonce and 0 <= rank < len(everyone):
+                heard[rank], where[rank] = time.monotonic(), at
+                left |= {rank} if leaving else set()
+                if batches != progress[rank]:
+                    progress[rank], moved = batches, time.monotonic()
 
     def _judge(self, now: float, heard: list, left: set, moved: float, where: list, everyone: list[dict]) -> None:
         me, live = self._trainer.global_rank, [rank for rank in range(len(everyone)) if rank not in left]

@@ -226,11 +226,8 @@ def _choose_the_network_interface(address: str, say: bool) -> None:
         if socket.inet_ntoa(answer[20:24]) == local:
             os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = name
             if say:
-                print(
-                    f"Reaching the first node ({address}) through {name} (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME"
-                    " choose another).",
-                    flush=True,
-                )
+                chosen = f"through {name} (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME choose another)"
+                print(f"Reaching the first node ({address}) {chosen}.", flush=True)
             return
 
 
@@ -248,11 +245,7 @@ def wait_for_the_launched(strategy: Strategy) -> int:
             return status
         if status != 0:
             ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
-            print(
-                f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's"
-                " work was done, so the job failed.",
-                file=sys.stderr,
-                flush=True,
-            )
+            failed = f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's"
+            print(f"{failed} work was done, so the job failed.", file=sys.stderr, flush=True)
             return 1
     return 0
