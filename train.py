@@ -54,9 +54,10 @@ class TrainCLI(LightningCLI):
                 shortcuts.append(f"{SHORTCUTS[name]}={value if has_value else next(tokens, '')}")
             else:
                 args.append(token)
-        self.chosen = next((a for a in args if a in LightningCLI.subcommands()), None)
+        values = {i + 1 for i, a in enumerate(args) if a.startswith("-")}  # `--trainer.default_root_dir test`
+        self.chosen = next((a for i, a in enumerate(args) if a in LightningCLI.subcommands() and i not in values), None)
         self.test_after_fit = self.chosen is None and not {"-h", "--help"} & set(args)
-        self.start, self.logger = None, None
+        self.start, self.logger, self.named = None, None, None
         super().__init__(
             ImageClassifier,
             MNISTDataModule,
@@ -84,7 +85,8 @@ class TrainCLI(LightningCLI):
         parser.set_defaults({"model": "models.SeqNet"})
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")  # the best by val/acc
         parser.set_defaults({"checkpoint.monitor": "val/acc", "checkpoint.mode": "max"})
-        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")  # last.ckpt at every epoch's end
+        # last.ckpt at every epoch's end: the first one's `save_last` copies only a new best (Lightning 2.x)
+        parser.add_lightning_class_args(ModelCheckpoint, "last_checkpoint")
         parser.set_defaults({"last_checkpoint.filename": "last", "last_checkpoint.enable_version_counter": False})
         parser.add_lightning_class_args(GracefulStop, "stop")
         parser.link_arguments("last_checkpoint", "stop.checkpoint", apply_on="instantiate")
@@ -102,10 +104,12 @@ class TrainCLI(LightningCLI):
                 return
             config = self.config[subcommand]
             runs = Path(config.trainer.default_root_dir or ".") / run_name(config.model.class_path, config.data.dataset)
-            self.start = find_start(config.ckpt_path, subcommand, runs)
+            self.named = config.ckpt_path  # as typed
+            self.start = find_start(config.ckpt_path, subcommand, runs, config.get("weights_only") is not False)
             if self.start is not None:
                 super().parse_arguments(parser, ["--config", json.dumps({subcommand: self.start.settings}), *args])
                 self.start.refuse_changes(self._dumped(subcommand), subcommand)
+                self.config[subcommand].ckpt_path = None  # read: LightningCLI would read it again, as data only
             if self.config[subcommand].get("weights_only") is None:  # loading a checkpoint runs no code
                 self.config[subcommand].weights_only = True
             check(dict(self.config[subcommand].trainer), self.config[subcommand].seed_everything)
@@ -148,6 +152,7 @@ class TrainCLI(LightningCLI):
         ours = [config[key] for key in self.own_parser.callback_keys]
         ours = [c for c in ours if trainer["enable_checkpointing"] is not False or not isinstance(c, ModelCheckpoint)]
         ours = [c for c in ours if trainer["logger"] not in (None, False) or not isinstance(c, LearningRateMonitor)]
+        ours = [c for c in ours if not isinstance(c, StallWatchdog) or c.timeout]  # off: absent
         trainer["callbacks"] = [*callbacks, *ours, *self.trainer_defaults["callbacks"]]
         if not trainer["fast_dev_run"] and trainer["logger"] not in (None, False):  # the record goes beside the logs
             record = next_record(self.start.run if self.start and self.start.continues else None)
@@ -168,14 +173,14 @@ class TrainCLI(LightningCLI):
         self.model.check_fit(self.trainer)
         if self.trainer.strategy.root_device.type == "cpu" and self.config.fit.trainer.sync_batchnorm:
             raise UserError("--trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm has none for the CPU).")
-        if self.start is None and self.config.fit.ckpt_path == "last":
+        if self.start is None and self.named == "last":
             say(f"--ckpt_path last: nothing to continue under {self.trainer.default_root_dir}, starting a new run.")
         elif self.start is not None:
             if saved := self.start.contents.get(type(self.datamodule).__qualname__):  # its global batch, kept
                 trainer, epoch = self.trainer, self.start.contents.get("epoch", 0)
                 self.datamodule.continue_from(saved, trainer.world_size, trainer.accumulate_grad_batches, epoch)
             how = "continuing" if self.start.continues else "a new run from"
-            say(f"--ckpt_path {self.config.fit.ckpt_path}: {how} {self.start.where}.")
+            say(f"--ckpt_path {self.named}: {how} {self.start.where}.")
         if self.trainer.world_size == 1 and self.trainer.strategy.root_device.type == "cpu" and not launcher_shape():
             say(
                 f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"
@@ -187,17 +192,23 @@ class TrainCLI(LightningCLI):
         if self.logger is not None and rank() == 0:  # the process that writes
             folder = self.start.run if self.start and self.start.continues else Path(self.logger.root_dir)
             check_writable("--trainer.default_root_dir", folder)
-        if self.subcommand != "fit" and self.start is None:
+        if self.subcommand != "fit" and self.named is None:
             raise UserError(
                 f"{self.subcommand} needs trained weights: add --ckpt_path last (the newest run of this"
                 " model and dataset), a run's folder, or a checkpoint file."
             )
-        if self.subcommand != "fit":
-            say(f"--ckpt_path {self.config[self.subcommand].ckpt_path}: {self.start.where}.")
+        if self.subcommand != "fit" and self.start is not None:
+            say(f"--ckpt_path {self.named}: {self.start.where}.")
 
     before_validate = before_test = before_predict = _before_the_stage
 
+    def _stop_if_signalled(self) -> None:
+        """A stop signal after the stage's last check: the stage's work is kept, and the command stops here."""
+        if signum := self.config_init[self.subcommand].stop.signal:
+            raise Stopped(signum)
+
     def after_fit(self) -> None:
+        self._stop_if_signalled()
         best, metrics = self.config_init.fit.checkpoint.best_model_path, dict(self.trainer.callback_metrics)
         if self.config_init.fit.checkpoint.best_model_score is not None:  # the figure of the weights it names
             metrics = {self.config_init.fit.checkpoint.monitor: self.config_init.fit.checkpoint.best_model_score}
@@ -209,11 +220,13 @@ class TrainCLI(LightningCLI):
         self._summary(metrics, best)
 
     def after_validate(self) -> None:
+        self._stop_if_signalled()
         self._summary(self.trainer.callback_metrics)
 
     after_test = after_validate
 
     def after_predict(self) -> None:
+        self._stop_if_signalled()
         writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
         say(f"Predictions: {writer.written}")
 

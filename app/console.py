@@ -90,7 +90,7 @@ def report(error: BaseException) -> None:
         first_of_node = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")) == "0"
         said = (me == 0 or not getattr(error, "every_process", False)) if met else first_of_node
         line = " ".join(str(error).split()) if said else ""
-    elif PEER_LOST.search(str(error)):
+    elif met and PEER_LOST.search(str(error)):
         line = "" if me else LOST
     else:
         line = (

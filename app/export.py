@@ -49,6 +49,7 @@ def export(argv: list[str]) -> Path:
     parser.add_argument("--model", help="with last: the model of the run (default: SeqNet)")
     parser.add_argument("--data.dataset", dest="dataset", type=DatasetName, help="with last: its dataset")
     parser.add_argument("--trainer.default_root_dir", dest="root", default="runs", help="with last: the runs' root")
+    parser.add_argument("--weights_only", choices=("true", "false"), default="true", help="false: load code too")
     args = parser.parse_args(argv)
     output = Path(args.output)
     if args.output.endswith("/") or output.is_dir():
@@ -56,7 +57,8 @@ def export(argv: list[str]) -> Path:
     if output.exists() or output.is_symlink():
         raise UserError(f"--output {output} exists already: give another file name, or remove it first.")
     runs = Path(args.root) / run_name(args.model or "SeqNet", args.dataset or "fashion_mnist")
-    start = find_start(args.ckpt_path, "export", runs)
+    weights_only = args.weights_only == "true"
+    start = find_start(args.ckpt_path, "export", runs, weights_only)
     if start is None:
         raise UserError(f"--ckpt_path {args.ckpt_path}: export reads a checkpoint file, a run's folder, or last.")
     saved = (start.contents.get("hyper_parameters") or {}).get("_class_path", "").rsplit(".", 1)[-1]
@@ -78,7 +80,7 @@ def export(argv: list[str]) -> Path:
             f"--ckpt_path {start.checkpoint} does not say which dataset it was trained on: give it with"
             f" --data.dataset ({' or '.join(DATASETS)})."
         )
-    model = model_class.load_from_checkpoint(start.checkpoint, map_location="cpu", weights_only=True).eval()
+    model = model_class.load_from_checkpoint(start.checkpoint, map_location="cpu", weights_only=weights_only).eval()
     model.hparams.channels_last = False  # a memory layout for training kernels; nothing an exported graph keeps
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +88,7 @@ def export(argv: list[str]) -> Path:
             with warnings.catch_warnings():  # torch and Lightning deprecate TorchScript; it was asked for
                 warnings.simplefilter("ignore")
                 traced = model.to_torchscript(method="trace", example_inputs=EXAMPLE)
-                write_whole(output, lambda file: torch.jit.save(traced, file))
+                write_whole(output, lambda file: torch.jit.save(traced, file), over=False)
         else:
             _write_onnx(model, output, MNISTDataModule(dataset=dataset).class_names, dataset)
     except OSError as error:
@@ -109,4 +111,4 @@ def _write_onnx(model: ImageClassifier, output: Path, class_names: list[str], da
     graph = onnx.load_from_string(exported.getvalue())
     for key, value in {"class_names": json.dumps(class_names), "dataset": dataset}.items():
         graph.metadata_props.add(key=key, value=value)
-    write_whole(output, lambda file: file.write(graph.SerializeToString()))
+    write_whole(output, lambda file: file.write(graph.SerializeToString()), over=False)

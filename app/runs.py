@@ -9,7 +9,6 @@ import itertools
 import os
 import re
 import shutil
-import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing_extensions import override
 from app.console import UserError, options_of
 from app.plugins.checkpoint_io import read_checkpoint
 
-RECORD, CHECKPOINTS, LAST = "config.yaml", "checkpoints", "last.ckpt"
+RECORD, CHECKPOINTS, LAST, KEPT = "config.yaml", "checkpoints", "last.ckpt", (".ckpt", ".csv")
 VERSION, CONTINUED = re.compile(r"version_(\d+)"), re.compile(r"config-continued-(\d+)\.yaml")
 METRICS = ("val/acc", "val/loss", "test/acc", "test/loss")  # the HPARAMS tab's columns
 # What a continued run may change beside the Trainer's settings: how fast it runs and what it reads from, not what
@@ -99,9 +98,10 @@ class Start:
         return f"{place} (step {self.contents.get('global_step', 0)}, epoch {self.contents.get('epoch', 0)})"
 
 
-def find_start(ckpt_path: str | None, subcommand: str, runs: Path) -> Start | None:
-    """The checkpoint `--ckpt_path` names, read and checked; None for none, for a name Lightning resolves itself (a
-    URL, `hpc`, a registry's), and for `fit --ckpt_path last` with no run to continue (a new run starts)."""
+def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only: bool = True) -> Start | None:
+    """The checkpoint `--ckpt_path` names, read (as data only, unless not `weights_only`) and checked; None for none,
+    for a name Lightning resolves itself (a URL, `hpc`, a registry's), and for `fit --ckpt_path last` with no run to
+    continue (a new run starts)."""
     if ckpt_path is None or ckpt_path == "hpc" or "://" in ckpt_path or ckpt_path.startswith("registry"):
         return None
     if ckpt_path in ("", "best"):
@@ -124,7 +124,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path) -> Start | No
             hint = f"it holds the runs {', '.join(inside)}: give one of them" if inside else "give a checkpoint file"
             raise UserError(f"--ckpt_path {run} is a folder without {CHECKPOINTS}/{LAST}; {hint}, or last.")
         checkpoint = run / CHECKPOINTS / LAST
-        contents = read_checkpoint(checkpoint)
+        contents = read_checkpoint(checkpoint, weights_only)
         if subcommand == "fit" and records(run):  # continued in its folder, with its settings
             settings = yaml.safe_load(records(run)[-1].read_text())
             if not isinstance(settings, dict):
@@ -136,7 +136,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path) -> Start | No
                 settings.pop(key, None)
             return Start(checkpoint, contents, run, settings, continues=True)
         return Start(checkpoint, contents, run, checkpoint_settings(contents), continues=subcommand == "fit")
-    contents = read_checkpoint(run)
+    contents = read_checkpoint(run, weights_only)
     in_a_run = run.parent.name == CHECKPOINTS and records(run.parent.parent)
     return Start(run, contents, run.parent.parent if in_a_run else None, checkpoint_settings(contents))
 
@@ -171,9 +171,9 @@ class RunLogger(TensorBoardLogger):
         super().__init__(save_dir, name=name, version=version, default_hp_metric=False, **kwargs)
         self.continues = version is not None
         self.folder: Path | None = None  # global rank 0's, once held
-        self._before: set[Path] = set()
+        self._before: dict[Path, int] = {}  # what the folder held when this command took it, and when
         self._made = [path for path in (Path(self.root_dir), *Path(self.root_dir).parents) if not path.exists()]
-        self._since, self._tab = time.time(), False
+        self._trained = self._tab = False  # training logged a step; the HPARAMS table is written
 
     @property
     @override
@@ -203,15 +203,15 @@ class RunLogger(TensorBoardLogger):
             ) from error
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            os.close(lock)
+        except OSError as error:  # else a file system without locks (NFS without lockd): unlocked
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(lock)
                 raise UserError(
                     f"{folder} is being trained by another process right now (it holds the run's lock):"
                     " wait for it to end, or start a new run."
                 ) from error
         self._release = weakref.finalize(self, os.close, lock)  # at the end of the stage, or of the process
-        self._before = set(folder.rglob("*")) if self.continues else set()
+        self._before = {path: path.stat().st_mtime_ns for path in folder.rglob("*")}
         return folder
 
     @override
@@ -220,25 +220,23 @@ class RunLogger(TensorBoardLogger):
         super().finalize(status)
         if self.folder is not None:
             self._release()
-        if status != "failed" or self.folder is None:
+        if status != "failed" or self.folder is None or self._trained:
             return
-        if any(
-            path.stat().st_mtime >= self._since for path in self.folder.rglob("*") if path.suffix in (".ckpt", ".csv")
-        ):
-            return  # something is kept: the run, and how it got there, stay
+        if any(p.stat().st_mtime_ns != self._before.get(p) for p in self.folder.rglob("*") if p.suffix in KEPT):
+            return  # a checkpoint or predictions are new: the run, and how it got there, stay
         if not self.continues:
             shutil.rmtree(self.folder, ignore_errors=True)
             for folder in self._made:  # and the folders its claim made, unless another run is there now
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
             return
-        for path in sorted(set(self.folder.rglob("*")) - self._before, key=lambda p: len(p.parts), reverse=True):
+        for path in sorted(set(self.folder.rglob("*")) - set(self._before), key=lambda p: len(p.parts), reverse=True):
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
     @override
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        lightnings = ("epoch", "lr-")
+        lightnings, self._trained = ("epoch", "lr-"), self._trained or bool(step)  # a step's figures: kept
         super().log_metrics({f"workload/{k}" if k.startswith(lightnings) else k: v for k, v in metrics.items()}, step)
 
     @override

@@ -32,8 +32,8 @@ shoot scalars '#scalars&tagFilter=%5E(train%7Cval%7Ctest)%2F(loss%7Cacc)%24' 140
 shoot speed '#scalars&tagFilter=workload' 1400,1100
 shoot images_tab '#images&tagFilter=confusion' 1400,1300
 shoot hparams '#hparams' 2400,500
-# Two figures at their own size, as TensorBoard serves them (the image endpoint of the same server).
-for shot in samples:visuals/val_samples confusion_matrix:visuals/test_confusion_matrix; do
+# A figure at its own size, as TensorBoard serves them (the image endpoint of the same server).
+for shot in confusion_matrix:visuals/test_confusion_matrix; do
   query=$(curl -sf "http://127.0.0.1:$port/data/plugin/images/images?run=ConvNet-mnist/version_0&tag=${shot#*:}" |
     "$python" -c 'import json, sys; print(json.load(sys.stdin)[-1]["query"])')
   shoot "${shot%%:*}" "data/plugin/images/individualImage?$query" 1120,760

@@ -79,3 +79,11 @@ def test_a_missing_file_names_the_checkpoints_of_its_folder(tmp_path):
     (tmp_path / "epoch=0-step=10.ckpt").write_bytes(b"x")
     with pytest.raises(UserError, match=r"holds epoch=0-step=10\.ckpt: give one of them"):
         read_checkpoint(Path(tmp_path / "last.ckpt"))
+
+
+def test_a_checkpoint_that_would_run_code_is_read_as_its_message_says_with_weights_only_false(tmp_path):
+    path = tmp_path / "trusted.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {}, "code": Code()}, path)
+    with pytest.raises(UserError, match="If you trust where it comes from, add --weights_only false"):
+        read_checkpoint(path)
+    assert isinstance(read_checkpoint(path, weights_only=False)["code"], Code)

@@ -10,7 +10,8 @@ import torch
 import yaml
 from lightning.pytorch import Callback
 
-from tests.helpers import one_error_line, run_in_process, small_run
+from tests.helpers import max_difference, one_error_line, run_in_process, small_run
+from tests.test_checkpoint_io import Code
 
 
 @pytest.fixture
@@ -132,14 +133,21 @@ def test_a_run_that_another_process_trains_is_refused_and_left_as_it_was(run, da
 
 
 def test_a_new_run_from_a_checkpoints_weights_takes_them_and_trains_anew(checkpoint, data_dir, tmp_path):
+    """With a learning rate of 0 the one step it takes leaves the weights it started from: the checkpoint's."""
     best, _ = checkpoint
-    result = run_in_process(*small_run(data_dir, tmp_path), "--model.weights", str(best), "--trainer.max_steps", "0")
+    still = ("--model.optimizer.lr", "0", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1")
+    result = run_in_process(*small_run(data_dir, tmp_path), "--model.weights", str(best), *still)
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = (tmp_path / "SeqNet-mnist").iterdir()
-    weights = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
-    validated = run_in_process("validate", *small_run(data_dir, tmp_path), "--ckpt_path", str(best))
-    assert "Finished:" in validated.stdout and run.name == "version_0"
-    assert weights  # the checkpoint the new run started from is untouched
+    trained = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert trained["global_step"] == 1  # a new run, from step 0
+    assert max_difference(trained["state_dict"], torch.load(best, weights_only=True)["state_dict"]) == 0
+
+
+def test_a_subcommands_name_as_an_options_value_is_that_value(tmp_path):
+    printed = run_in_process("--trainer.default_root_dir", "test", "--print_config")
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert yaml.safe_load(printed.stdout)["trainer"]["default_root_dir"] == "test"  # a fit's, in the folder `test`
 
 
 @pytest.mark.parametrize("what", ["a file", "another user's folder"])
@@ -191,3 +199,15 @@ def test_a_fast_dev_run_runs_and_prints_only_commands_that_can_be_followed(data_
     result = run_in_process(*small_run(data_dir, tmp_path), "--trainer.fast_dev_run", "true")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--logdir None" not in result.stdout + result.stderr and not Path(tmp_path, "SeqNet-mnist").exists()
+
+
+def test_a_checkpoint_holding_code_is_refused_and_evaluated_with_weights_only_false(checkpoint, data_dir, tmp_path):
+    best, _ = checkpoint
+    trusted = tmp_path / "trusted.ckpt"
+    torch.save({**torch.load(best, weights_only=True), "code": Code()}, trusted)
+    line = error("validate", *small_run(data_dir, tmp_path), "--ckpt_path", str(trusted))
+    assert line.endswith("If you trust where it comes from, add --weights_only false."), line
+    result = run_in_process(
+        "validate", *small_run(data_dir, tmp_path), "--ckpt_path", str(trusted), "--weights_only", "false"
+    )
+    assert result.returncode == 0 and "Finished: val/acc" in result.stdout, result.stderr[-2000:]

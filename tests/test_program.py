@@ -12,7 +12,16 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import NO_NETWORK, REPO, free_port, one_error_line, run_command, run_train, small_run
+from tests.helpers import (
+    NO_NETWORK,
+    REPO,
+    free_port,
+    left_behind,
+    one_error_line,
+    run_command,
+    run_train,
+    small_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -115,3 +124,17 @@ def test_the_program_ends_by_the_signal_that_stopped_it_before_the_processes_met
             break
     assert train.wait(timeout=60) == -signal.SIGTERM
     assert not (tmp_path / "SeqNet-mnist").exists()
+
+
+def test_a_run_started_with_nohup_in_the_background_outlives_its_shell(data_dir, tmp_path):
+    """`nohup python train.py ... &`, then the shell ends (a closed ssh session) once training has started: the run
+    goes on to its end."""
+    args = small_run(data_dir, tmp_path, "--trainer.callbacks+=tests.instruments.RecordPid", devices=1, max_epochs=1)
+    started, out = tmp_path / "pids" / "rank0", tmp_path / "nohup.out"
+    shell = f"nohup {shlex.join([sys.executable, 'train.py', *args])} > {out} 2>&1 & until [ -e {started} ]; do"
+    shell += " sleep 0.1; done"
+    env = {**os.environ, **NO_NETWORK}
+    bash = subprocess.Popen(["bash", "-c", shell], cwd=REPO, env=env, start_new_session=True)
+    assert bash.wait(timeout=120) == 0
+    assert left_behind(bash.pid, timeout=120) == "", out.read_text()[-3000:]  # the run's session: it ended
+    assert "Finished: test/acc" in out.read_text(), out.read_text()[-3000:]

@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,19 @@ class HoldRank0(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank == 0 and trainer.global_step == 2:
             threading.Event().wait(60)
+
+
+class SlowFirstStep(Callback):
+    """The first training step takes 4 s (a model compiling), longer than the timeout, on every process; each writes
+    `stepped<rank>` once it is done."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 0:
+            threading.Event().wait(4)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == 1:
+            Path(trainer.default_root_dir, f"stepped{trainer.global_rank}").touch()
 
 
 def _train(rank: int, args: list[str]) -> None:
@@ -74,3 +88,20 @@ def test_a_job_whose_processes_all_answer_and_none_moves_is_named_where_each_sta
         " global rank 1 in fit (train), epoch 0, step 2." in said
     ), said[-3000:]
     assert said.count("error: the job's processes wait for each other and none moves, so the job ends") == 1
+
+
+def test_a_slow_first_step_and_a_job_stopped_then_continued_are_no_stall(data_dir, tmp_path):
+    """A compile of the first step longer than the timeout, and every process stopped (Ctrl-Z, a suspended SLURM job)
+    for longer than it, then continued: the job trains on to its end."""
+    slow = "--trainer.callbacks+=tests.test_stall_watchdog.SlowFirstStep"
+    processes = run(data_dir, tmp_path, slow, "--trainer.max_epochs", "3")
+    pids = [tmp_path / "pids" / f"rank{rank}" for rank in (0, 1)]
+    wait_for(lambda: all((tmp_path / f"stepped{rank}").exists() for rank in (0, 1)), 120, "the first step")
+    for pid in pids:
+        os.kill(int(pid.read_text()), signal.SIGSTOP)
+    resumed = time.monotonic() + 4
+    wait_for(lambda: time.monotonic() > resumed, 10, "4 s stopped")
+    for pid in pids:
+        os.kill(int(pid.read_text()), signal.SIGCONT)
+    assert ended(processes, timeout=90) == [0, 0], output(tmp_path)[-3000:]
+    assert "error" not in output(tmp_path)

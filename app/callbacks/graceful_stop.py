@@ -35,9 +35,9 @@ class GracefulStop(Callback):
     requeue signal or a training loss that became NaN or infinite, and keep that step.
 
     Args:
-        every_n_steps: Optimizer steps between two checks, each one all-reduce of four flags (a stop signal, SLURM's
-            requeue signal, a non-finite loss, a timed save); one more at each epoch's last batch and at its end.
-        checkpoint: The `ModelCheckpoint` whose folder a stop saves `last.ckpt` into, with the training loader's
+        every_n_steps: Optimizer steps between two checks, each one `strategy.reduce` of four flags (a stop signal,
+            SLURM's requeue signal, a non-finite loss, a timed save); one more at each epoch's end and at each save.
+        checkpoint: The `ModelCheckpoint` whose folder a stop saves its last checkpoint into, with the loader's
             position (a continued run takes the next sample); None: a stop keeps nothing.
         save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (None: never); a new
             run then also saves its weights before its first step.
@@ -46,9 +46,10 @@ class GracefulStop(Callback):
     all-reduce); the processes act on it together at the next check: `last.ckpt` is saved and each raises `Stopped`.
     SIGTERM and SIGHUP reach the processes Lightning's launcher started, as Lightning passes them on. A signal before
     the training loop stops every process as it starts, keeping nothing; one during an evaluation, or a second Ctrl-C
-    a second after the first, stops at once. After SLURM's signal, `scontrol requeue`. A non-finite loss, any step's,
-    is kept on the device and read at the checks: `UserError` before `last.ckpt` could hold it. A signal ignored at the
-    start (SIGHUP under `nohup`) stays ignored; the handlers from before come back at the stage's end.
+    a second after the first, stops at once; one after the last check stays in `signal` for the caller. After SLURM's
+    signal, `scontrol requeue`. A non-finite loss, any step's, is kept on the device and read at the checks and before
+    each checkpoint is saved: `UserError` before one could hold it. A signal ignored at the start (SIGHUP under
+    `nohup`) stays ignored; the handlers from before come back at the stage's end.
     """
 
     def __init__(
@@ -115,8 +116,6 @@ class GracefulStop(Callback):
         self._catch()
         self._agree(trainer)
 
-    on_sanity_check_end = on_sanity_check_start
-
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.on_sanity_check_start(trainer, pl_module)
         self._saved_at, self._step_seen = time.monotonic(), trainer.global_step
@@ -160,13 +159,17 @@ class GracefulStop(Callback):
         if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
             bad = ~torch.isfinite(loss.detach())
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-        step, last = trainer.global_step, trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        if last or (step != self._step_seen and step % self.every_n_steps == 0):
-            self._check(trainer, loss_only=last)  # at the epoch's last batch: before its checkpoints are saved
-        self._step_seen = step
+        if trainer.global_step != self._step_seen and trainer.global_step % self.every_n_steps == 0:
+            self._check(trainer)
+        self._step_seen = trainer.global_step
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(trainer, at_epoch_end=True)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        """Before any checkpoint of the fit is written (every process saves it): none holds diverged weights."""
+        if self._active and not self._evaluating:
+            self._check(trainer, loss_only=True)
 
     def _check(self, trainer: Trainer, loss_only: bool = False, at_epoch_end: bool = False) -> None:
         save_due = self.save_every_s is not None and time.monotonic() - self._saved_at >= self.save_every_s
@@ -184,7 +187,7 @@ class GracefulStop(Callback):
                 f" train again. {kept}",
                 every_process=True,
             )
-        if loss_only:
+        if loss_only:  # at a save: the signals wait for the next check
             return
         if (signum or requeue or save_due) and path is not None:
             trainer.save_checkpoint(path, weights_only=False)  # on every process: global rank 0 writes
@@ -205,7 +208,7 @@ class GracefulStop(Callback):
         """`last.ckpt` in the folder of `checkpoint`, as its `save_last` names it."""
         if self.checkpoint is None or not self.checkpoint.dirpath:
             return None
-        return self.checkpoint.format_checkpoint_name({}, filename=ModelCheckpoint.CHECKPOINT_NAME_LAST)
+        return self.checkpoint.format_checkpoint_name({}, filename=self.checkpoint.CHECKPOINT_NAME_LAST)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if isinstance(exception, Stopped) and self._evaluating:
@@ -217,16 +220,13 @@ class GracefulStop(Callback):
         self._put_back(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """A signal after the stage's last check stops the command here, now that the stage's work is kept."""
+        """A signal after the stage's last check stays in `signal`: the stage's work is kept, its caller stops."""
         self._put_back(trainer)
-        if self.signal:
-            signum, self.signal = self.signal, None
-            raise Stopped(signum)
 
     def _put_back(self, trainer: Trainer) -> None:
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the loop's own method again
         self._active = self._said = False
-        self._nonfinite = None
+        self._nonfinite = self._trainer = None
         if threading.current_thread() is threading.main_thread():
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)

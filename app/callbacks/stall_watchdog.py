@@ -14,13 +14,15 @@ import time
 import torch.distributed as dist
 from jsonargparse.typing import NonNegativeFloat
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from tqdm import tqdm
 
 
 class StallWatchdog(Callback):
     """Name a process of the job that gave no sign of life for `timeout` seconds (frozen, its host hung or its
     network cut), global rank 0 too, and a job whose processes all answer but none of which has finished a batch for
-    as long (where each one stands: stage, epoch, step); then end the job (exit status 1).
+    as long (where each one stands: stage, epoch, step); then end the job: each process that noticed exits with status
+    1.
 
     Args:
         timeout: Seconds without a sign of life, or without progress anywhere (0: off, and nothing runs: no thread,
@@ -36,6 +38,7 @@ class StallWatchdog(Callback):
     def __init__(self, timeout: NonNegativeFloat = 60) -> None:
         self.timeout = timeout
         self.batches = 0  # this process's progress: its batches of any stage
+        self.started = False  # this stage's first batch done (a fit's first training batch)
         self._trainer: Trainer | None = None
         self._stop: threading.Event | None = None
 
@@ -43,11 +46,12 @@ class StallWatchdog(Callback):
         if not self.timeout or trainer.world_size == 1 or not dist.is_initialized() or self._stop is not None:
             return
         beats = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        beats.bind((_local_address(), 0))
-        me = {"address": beats.getsockname(), "host": socket.gethostname(), "pid": os.getpid(), "space": _pid_space()}
+        beats.bind(("0.0.0.0", 0))  # noqa: S104 (the other nodes' datagrams arrive on any interface)
+        address = (_local_address(), beats.getsockname()[1])
+        me = {"address": address, "host": socket.gethostname(), "pid": os.getpid(), "space": _pid_space()}
         everyone: list = [None] * trainer.world_size
         dist.all_gather_object(everyone, (me, random.getrandbits(62)))
-        self._trainer, self._stop = trainer, threading.Event()
+        self._trainer, self._stop, self.started = trainer, threading.Event(), False
         nonce = everyone[0][1]  # global rank 0's: datagrams of another job are not this one's
         threading.Thread(
             target=self._watch,
@@ -57,9 +61,12 @@ class StallWatchdog(Callback):
         ).start()
 
     def on_train_batch_end(self, *args, **kwargs) -> None:
-        self.batches += 1
+        self.batches, self.started = self.batches + 1, True  # a fit's first step is done (its compiling too)
 
-    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = on_train_batch_end
+    def on_validation_batch_end(self, trainer: Trainer, *args, **kwargs) -> None:
+        self.batches, self.started = self.batches + 1, self.started or trainer.state.fn != TrainerFn.FITTING
+
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._stop is not None:  # the others stop watching this process (its leaving datagram)
@@ -79,22 +86,25 @@ class StallWatchdog(Callback):
         me, interval = self._trainer.global_rank, min(max(self.timeout / 10, 0.2), 5.0)
         heard, left, where = [time.monotonic()] * len(everyone), set(), [""] * len(everyone)
         progress, moved = [-1] * len(everyone), time.monotonic()
-        next_beat = 0.0
+        next_beat = then = 0.0
         while True:  # an exception here (a bug) is said by threading's hook; the job goes on unwatched
             now = time.monotonic()
+            if then and now - then > interval + 1:  # this process was stopped (Ctrl-Z, a suspended job): all is old
+                heard, moved = [now] * len(everyone), now
+            then, batches = now, self.batches if self.started else -1  # -1: no progress judged before the first
             if now >= next_beat or stop.is_set():
-                moved = now if self.batches != progress[me] else moved
-                where[me], progress[me] = self._where(), self.batches
-                said = json.dumps([nonce, me, where[me], self.batches, stop.is_set()]).encode()
+                moved = now if batches != progress[me] else moved
+                where[me], progress[me] = self._where(), batches
+                said = json.dumps([nonce, me, where[me], batches, stop.is_set()]).encode()
                 for rank, other in enumerate(everyone):
                     if rank != me and rank not in left:
                         with contextlib.suppress(OSError):  # a host that cannot be reached is silent, said later
-                            beats.sendto(said, tuple(other["address"]))
+                            beats.sendto(said, _reachable(other))
                 if stop.is_set():
                     beats.close()
                     return
                 next_beat = now + interval
-                self._judge(now, heard, left, moved, where, everyone)
+                self._judge(now, heard, left, moved, where, everyone, progress)
             beats.settimeout(max(0.01, next_beat - time.monotonic()))
             try:
                 nonce_of, rank, at, batches, leaving = json.loads(beats.recv(4096))
@@ -106,10 +116,10 @@ class StallWatchdog(Callback):
                 if batches != progress[rank]:
                     progress[rank], moved = batches, time.monotonic()
 
-    def _judge(self, now: float, heard: list, left: set, moved: float, where: list, everyone: list[dict]) -> None:
+    def _judge(self, now: float, heard: list, left: set, moved: float, where: list, everyone: list, progress: list):
         me, live = self._trainer.global_rank, [rank for rank in range(len(everyone)) if rank not in left]
         silent = [rank for rank in live if rank != me and now - heard[rank] > self.timeout]
-        if not silent and now - moved <= self.timeout:
+        if not silent and (now - moved <= self.timeout or min(progress[rank] for rank in live) < 0):
             return
         named = ", ".join(f"rank {rank} (pid {everyone[rank]['pid']} on {everyone[rank]['host']})" for rank in silent)
         if silent:
@@ -133,6 +143,13 @@ class StallWatchdog(Callback):
                     os.kill(everyone[rank]["pid"], signal.SIGKILL)
         sys.stdout.flush()
         os._exit(1)
+
+
+def _reachable(other: dict) -> tuple[str, int]:
+    """Where `other` receives: a loopback address of another host is node 0's, whose own name led to it."""
+    host, port = other["address"]
+    elsewhere = host.startswith("127.") and other["host"] != socket.gethostname()
+    return (os.environ.get("MASTER_ADDR", host) if elsewhere else host), port
 
 
 def _local_address() -> str:

@@ -44,16 +44,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from error
 
 
-def write_whole(target: Path, write: Callable[[IO], object], mode: str = "wb") -> None:
+def write_whole(target: Path, write: Callable[[IO], object], over: bool = True) -> None:
     """Write `target` whole or not at all: a hidden file beside it, flushed to the disk before it takes the name (a
-    file system may commit the rename first), then the folder."""
+    file system may commit the rename first), then the folder. Not `over` an existing file: `FileExistsError`."""
     partial = target.with_name(f".{target.name}.partial")
     try:
-        with open(partial, mode) as file:
+        with open(partial, "wb") as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(partial, target)
+        (os.replace if over else os.link)(partial, target)
     finally:
         partial.unlink(missing_ok=True)
     folder = os.open(target.parent, os.O_RDONLY)
@@ -63,8 +63,9 @@ def write_whole(target: Path, write: Callable[[IO], object], mode: str = "wb") -
         os.close(folder)
 
 
-def read_checkpoint(path: Path, option: str = "--ckpt_path") -> dict[str, Any]:
-    """The checkpoint at `path` as data (loading it runs no code); a `UserError` for anything else."""
+def read_checkpoint(path: Path, weights_only: bool = True, option: str = "--ckpt_path") -> dict[str, Any]:
+    """The checkpoint at `path` (as data, unless not `weights_only`: loading it runs no code); a `UserError` for
+    anything else."""
     if not path.is_file():
         there = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
         hint = f"{path.parent} holds {', '.join(there)}: give one of them" if there else "Give a checkpoint file"
@@ -74,7 +75,7 @@ def read_checkpoint(path: Path, option: str = "--ckpt_path") -> dict[str, Any]:
     try:
         with warnings.catch_warnings():  # an exported TorchScript file: said below
             warnings.simplefilter("ignore")
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as error:
         if "Unsupported global" not in str(error):
             raise UserError(f"{option} {path} is not a checkpoint (not a file torch saved).") from error
@@ -82,7 +83,9 @@ def read_checkpoint(path: Path, option: str = "--ckpt_path") -> dict[str, Any]:
             f"refused to load {option} {path}: it holds more than tensors and plain values, and loading it could run"
             " code. If you trust where it comes from, add --weights_only false."
         ) from error
-    except Exception as error:  # torch's readers fail in many ways on bytes that are no checkpoint
+    except OSError as error:
+        raise UserError(f"{option} {path}: cannot read it ({error.strerror}).") from error
+    except (RuntimeError, EOFError, ValueError) as error:  # torch's readers, on bytes that are no checkpoint
         raise UserError(
             f"{option} {path} is truncated or corrupt, or an exported model: torch cannot read it as a checkpoint."
             " Give another checkpoint (last.ckpt, or the best one in the same folder)."

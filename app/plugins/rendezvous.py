@@ -64,7 +64,8 @@ class RendezvousDDPStrategy(DDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        if "LOCAL_RANK" in os.environ and sys.platform == "linux":
+        started = self.local_rank > 0 or TorchElasticEnvironment.detect()  # not the process a user started
+        if started and sys.platform == "linux":  # (Lightning's launcher sets LOCAL_RANK=0 in that one too)
             parent = os.getppid()
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launcher
             if os.getppid() != parent:  # it died before the request was in place
@@ -217,6 +218,8 @@ def _choose_the_network_interface(address: str, say: bool) -> None:
             local = probe.getsockname()[0]
     except OSError:
         return
+    if local.startswith("127."):  # node 0's own address resolves to its loopback here: the other nodes reach no `lo`
+        return
     for _index, name in socket.if_nameindex():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             try:
@@ -235,14 +238,15 @@ def wait_for_the_launched(strategy: Strategy) -> int:
     """In the process the strategy's launcher (Lightning's) started the others from, once its work is done: the job's
     exit status when they have ended (a minute at most), one that failed failing it, one a signal stopped stopping
     it."""
+    deadline = time.monotonic() + 60
     for local_rank, process in enumerate(getattr(strategy.launcher, "procs", []), start=1):
         try:
-            status = process.wait(timeout=60)
+            status = process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             status = None
-        if status in (1, -signal.SIGINT, -signal.SIGTERM):  # it said why, or was stopped as the job is
-            return status
+        if status in (1, -signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, -signal.SIGUSR1):  # said why, or stopped
+            return status  # as the job is (SIGUSR1: SLURM's requeue signal)
         if status != 0:
             ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
             failed = f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's"
