@@ -248,7 +248,7 @@ def main(args: list[str] | None = None) -> None:
     """Run `train.py ARGS` and end as a shell expects: 0; 1 after a mistake or a bug; after a stop by a signal, by
     that signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops)."""
     args, status = list(sys.argv[1:] if args is None else args), 0
-    for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has changed"):
+    for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
         warnings.filterwarnings("ignore", message=noise)  # nothing a user of this program does or can change
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())
     try:

@@ -2,7 +2,7 @@
 # A cluster of NODES "nodes" on this machine, for development and tests: each node runs the same train.py command
 # with DEVICES processes on CPU (gloo) over loopback, as the nodes of a real cluster would.
 #
-#   scripts/local_cluster.sh NODES DEVICES -- [train.py arguments]
+#   scripts/local_cluster.sh NODES DEVICES -- [fit|validate|test|predict] [train.py arguments]
 #   LAUNCHER=torchrun scripts/local_cluster.sh 2 2 -- --trainer.max_epochs 1
 #   LAUNCHER=torchrun NNODES=1:2 MAX_RESTARTS=3 scripts/local_cluster.sh 2 1 -- --ckpt_path last   # elastic
 #
@@ -26,6 +26,8 @@ cd "$(dirname "$0")/.."
 nodes=$1 devices=$2
 shift 2
 [ "${1:-}" = "--" ] && shift
+subcommand=()  # first on each node's command line, before the options the script adds
+case "${1:-}" in fit | validate | test | predict) subcommand=("$1") && shift ;; esac
 python=${PYTHON:-python}
 launcher=${LAUNCHER:-lightning}
 addr=127.0.0.1
@@ -64,7 +66,7 @@ for ((node = first; node < first + nodes; node++)); do
   # setsid: each node is a process group of its own, so that it can be ended with all the processes it started.
   node_args=NODE_ARGS_$node
   read -ra node_args <<<"${!node_args:-}"
-  MASTER_ADDR=$addr MASTER_PORT=$port NODE_RANK=$node setsid "${command[@]}" \
+  MASTER_ADDR=$addr MASTER_PORT=$port NODE_RANK=$node setsid "${command[@]}" "${subcommand[@]}" \
     "${shape[@]}" --trainer.accelerator cpu "$@" "${node_args[@]}" &
   pids+=($!)
 done

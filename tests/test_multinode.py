@@ -148,6 +148,17 @@ def test_an_elastic_job_that_a_node_joins_grows(data_dir, tmp_path, uninterrupte
     assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-4
 
 
+def torch_plugin(port: str):
+    """The variables the Kubeflow Trainer's torch plugin sets for each of two nodes of a process each (torchrun's)."""
+    return lambda node: {
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": str(node),
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": port,
+    }
+
+
 def pods(args, env_of, command: list[str], nodes: int = 2, timeout: float = 240) -> list[tuple[int, str]]:
     """Each pod's exit status and output: `command ARGS` (or `args(node)`) with `env_of(node)`'s variables; nothing
     is left behind."""
@@ -179,17 +190,7 @@ def pods(args, env_of, command: list[str], nodes: int = 2, timeout: float = 240)
 def test_a_trainjobs_nodes_train_one_run_with_the_processes_its_runtime_sets(data_dir, tmp_path):
     """The variables of the Kubeflow Trainer's torch plugin (PET_*, read by torchrun); `--devices 2`, which the
     TrainJob contradicts, gives way to what torchrun started, said in a line."""
-    port = str(free_port())
-
-    def plugin(node):
-        return {
-            "PET_NNODES": "2",
-            "PET_NPROC_PER_NODE": "1",
-            "PET_NODE_RANK": str(node),
-            "PET_MASTER_ADDR": "127.0.0.1",
-            "PET_MASTER_PORT": port,
-        }
-
+    plugin = torch_plugin(str(free_port()))
     (status_0, out_0), (status_1, out_1) = pods(
         small_run(data_dir, tmp_path, devices=2), plugin, [TORCHRUN, "train.py"]
     )
@@ -235,17 +236,7 @@ def test_a_pytorchjob_whose_pod_is_killed_continues_when_the_operator_restarts_i
 
 def test_a_node_whose_data_is_missing_says_so_and_the_job_ends_keeping_nothing(data_dir, tmp_path):
     """The node's process says what is missing, with its rank and host; the other loses it, and says so."""
-    port = str(free_port())
-
-    def plugin(node):
-        return {
-            "PET_NNODES": "2",
-            "PET_NPROC_PER_NODE": "1",
-            "PET_NODE_RANK": str(node),
-            "PET_MASTER_ADDR": "127.0.0.1",
-            "PET_MASTER_PORT": port,
-        }
-
+    plugin = torch_plugin(str(free_port()))
     missing = tmp_path / "not-there"
     args = lambda node: small_run(missing if node else data_dir, tmp_path)  # noqa: E731
     (status_0, out_0), (status_1, out_1) = pods(args, plugin, [TORCHRUN, "train.py"], timeout=120)

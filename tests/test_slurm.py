@@ -40,24 +40,16 @@ def slurm_command(env: dict[str, str], *command: str) -> str:
     return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def submit(env: dict[str, str], tmp_path, train_args: list[str]) -> str:
+    """scripts/train.sbatch as a job of two tasks on one node, its output in `tmp_path/job.out`; the job's id."""
+    batch = ["sbatch", "--parsable", "--nodes", "1", "--ntasks-per-node", "2", "--chdir", str(REPO)]
+    return slurm_command(env, *batch, "--output", str(tmp_path / "job.out"), "scripts/train.sbatch", *train_args)
+
+
 def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_checkpoint(data_dir, tmp_path, slurm):
     env = {**slurm, "PYTHON": sys.executable, "RUNS": str(tmp_path)}
     train_args = small_run(data_dir, None, max_epochs=12)  # scripts/train.sbatch writes under $RUNS
-    job_id = slurm_command(
-        env,
-        "sbatch",
-        "--parsable",
-        "--nodes",
-        "1",
-        "--ntasks-per-node",
-        "2",
-        "--chdir",
-        str(REPO),
-        "--output",
-        str(tmp_path / "job.out"),
-        "scripts/train.sbatch",
-        *train_args,
-    )
+    job_id = submit(env, tmp_path, train_args)
     job_state = ["squeue", "--noheader", "--jobs", job_id, "--format", "%T"]
     run_dir = tmp_path / f"slurm-{job_id}" / "SeqNet-mnist" / "version_0"
     last = run_dir / "checkpoints" / "last.ckpt"
@@ -67,6 +59,9 @@ def test_a_two_task_job_requeued_on_its_preemption_signal_finishes_from_its_chec
         # step, saving last.ckpt, and global rank 0 asks SLURM to requeue the job.
         slurm_command(env, "scancel", "--signal=USR1", job_id)
         wait_for(lambda: slurm_command(env, *job_state) == "PENDING", 60, "the requeue")
+        # The node free again: started while the first run's step is still being cleaned up, SLURM kills the job
+        # ("Job credential revoked")
+        wait_for(lambda: slurm_command(env, "sinfo", "--noheader", "--format", "%T") == "idle", 60, "the node free")
         slurm_command(env, "scontrol", "update", f"JobId={job_id}", "StartTime=now")  # SLURM holds it 2 minutes
         wait_for(lambda: slurm_command(env, *job_state) == "", 240, "the end of the requeued job")
     finally:
@@ -92,21 +87,7 @@ def test_a_frozen_task_is_named_and_the_job_ends(data_dir, tmp_path, slurm):
     env = {**slurm, "PYTHON": sys.executable, "RUNS": str(tmp_path)}
     options = ("--watchdog.timeout", "5", "--trainer.callbacks+=tests.instruments.RecordPid")
     train_args = small_run(data_dir, None, *options, max_epochs=100)
-    job_id = slurm_command(
-        env,
-        "sbatch",
-        "--parsable",
-        "--nodes",
-        "1",
-        "--ntasks-per-node",
-        "2",
-        "--chdir",
-        str(REPO),
-        "--output",
-        str(tmp_path / "job.out"),
-        "scripts/train.sbatch",
-        *train_args,
-    )
+    job_id = submit(env, tmp_path, train_args)
     root = tmp_path / f"slurm-{job_id}"
     last = root / "SeqNet-mnist" / "version_0" / "checkpoints" / "last.ckpt"
     try:

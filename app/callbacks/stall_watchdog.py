@@ -131,8 +131,8 @@ class StallWatchdog(Callback):
             line = f"No process of the job has finished a batch for {self.timeout:g} s: {stands}."
             error = "the job's processes wait for each other and none moves"
         if me == min(rank for rank in live if rank not in silent):
-            tqdm.write(line, file=sys.stdout)
-            kept = "what the last checkpoint holds stays (--ckpt_path last continues from it)"
+            tqdm.write(("\n" if me and sys.stdout.isatty() else "") + line, file=sys.stdout)  # below rank 0's bar
+            kept = "what the last checkpoint holds, if one was saved, stays (--ckpt_path last continues from it)"
             print(f"error: {error}, so the job ends; {kept}.", file=sys.stderr, flush=True)
         for logger in self._trainer.loggers:
             with contextlib.suppress(Exception):
