@@ -40,7 +40,7 @@ SlurmctldPort=${SLURMCTLD_PORT:-16817}
 SlurmdPort=${SLURMD_PORT:-16818}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge.socket
+AuthInfo=socket=$dir/munge.socket,cred_expire=10
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid

@@ -29,7 +29,14 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # The longest files first: pytest-xdist hands out whole files in the order of collection, and a long file handed out
 # last keeps one worker busy after the others are done.
-LONGEST_FIRST = ["test_multinode", "test_program", "test_continuation", "test_graceful_stop", "test_stall_watchdog"]
+LONGEST_FIRST = [
+    "test_multinode",
+    "test_program",
+    "test_elastic",
+    "test_continuation",
+    "test_graceful_stop",
+    "test_stall_watchdog",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
