@@ -1,18 +1,30 @@
-"""Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
-process on a machine without one (--devices N: N processes). Without a subcommand it fits, then tests the best
-checkpoint; fit, validate, test and predict run one stage; export writes ONNX or TorchScript. --devices and
---num_nodes stand for --trainer.devices and --trainer.num_nodes, anywhere on the line.
+"""usage: train.py [fit | validate | test | predict | export] [OPTIONS]
 
+Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
+process on a machine without one (--devices N: N processes).
+
+subcommands:
+  (none)    fit, then test the best checkpoint (fit's options)
+  fit       train a new run, or continue one (--ckpt_path last, a run's folder, or a checkpoint file)
+  validate  the validation figures of trained weights (--ckpt_path)
+  test      the test figures of trained weights (--ckpt_path)
+  predict   a CSV of the classes predicted for the test set or your own pictures (--data.predict_dir)
+  export    ONNX or TorchScript of trained weights (--ckpt_path, --format, --output)
+train.py SUBCOMMAND --help lists its options. --devices and --num_nodes stand for --trainer.devices and
+--trainer.num_nodes, anywhere on the line; --config FILE reads options from a YAML file.
+
+examples:
   python train.py --model ConvNet --data.dataset mnist --devices 2
   python train.py --model ConvNet --data.dataset mnist --ckpt_path last      # continue the newest such run
   python train.py test --ckpt_path runs/ConvNet-mnist/version_0              # a run's folder, last, or a file
-  python train.py export --ckpt_path CKPT --format onnx --output model.onnx  # export --help: its options
+  python train.py export --ckpt_path CKPT --format onnx --output model.onnx
 """
 
 import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -35,10 +47,14 @@ from app.export import export
 from app.plugins.checkpoint_io import AtomicCheckpointIO
 from app.plugins.rendezvous import RendezvousDDPStrategy, wait_for_the_launched
 from app.runs import RunLogger, RunRecord, find_start, next_record, run_name
-from app.settings import Trainer, check, check_writable, launcher_shape, settle_shape, shared
+from app.settings import Parser, Trainer, check, check_writable, cpu_threads, launcher_shape, settle_shape, shared
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
+# Each subcommand's --help says what it does, as the table above (Lightning's would be the Trainer method's docstring).
+ABOUT = {
+    name: {"description": text} for name, text in re.findall(r"^  (fit|validate|test|predict) +(.+)$", __doc__, re.M)
+}
 SHORTCUTS = {"--devices": "--trainer.devices", "--num_nodes": "--trainer.num_nodes"}
 
 
@@ -56,7 +72,10 @@ class TrainCLI(LightningCLI):
                 args.append(token)
         values = {i + 1 for i, a in enumerate(args) if a.startswith("-")}  # `--trainer.default_root_dir test`
         self.chosen = next((a for i, a in enumerate(args) if a in LightningCLI.subcommands() and i not in values), None)
-        self.test_after_fit = self.chosen is None and not {"-h", "--help"} & set(args)
+        if self.chosen is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
+            print(__doc__.strip())
+            raise SystemExit(0)
+        self.test_after_fit = self.chosen is None
         self.start, self.logger, self.named = None, None, None
         super().__init__(
             ImageClassifier,
@@ -71,7 +90,12 @@ class TrainCLI(LightningCLI):
             },
             seed_everything_default=42,
             auto_configure_optimizers=False,
-            parser_kwargs={"exit_on_error": False, "allow_abbrev": False, "description": __doc__},
+            parser_kwargs={
+                "exit_on_error": False,
+                "allow_abbrev": False,
+                **{name: ABOUT[name] for name in self.subcommands()},
+            },
+            parser_class=Parser,
             args=(["fit"] if self.test_after_fit else []) + args + shortcuts,
         )
 
@@ -133,9 +157,8 @@ class TrainCLI(LightningCLI):
         if self.start is not None or config["ckpt_path"] == "last":  # what Lightning is given: the file, or nothing
             config["ckpt_path"] = str(self.start.checkpoint) if self.start else None
         trainer = {**config["trainer"], **kwargs}
-        runs = Path(trainer["default_root_dir"]) / run_name(
-            type(self.model).__qualname__, self.datamodule.hparams.dataset
-        )
+        model, dataset = type(self.model).__qualname__, self.datamodule.hparams.dataset
+        runs = Path(trainer["default_root_dir"]) / run_name(model, dataset)
         if trainer["logger"] in (None, True):
             self.logger = trainer["logger"] = self._run_logger(runs)
         if trainer["strategy"] == "ddp":
@@ -182,16 +205,19 @@ class TrainCLI(LightningCLI):
             how = "continuing" if self.start.continues else "a new run from"
             say(f"--ckpt_path {self.named}: {how} {self.start.where}.")
         if self.trainer.world_size == 1 and self.trainer.strategy.root_device.type == "cpu" and not launcher_shape():
-            say(
-                f"Training in 1 process on the CPU ({os.cpu_count()} cores): --devices N trains with DDP in N"
-                " processes, which share those cores."
-            )
+            say(f"Training in 1 process on the CPU ({cpu_threads()}): --devices N trains with DDP in N processes.")
 
     def _before_the_stage(self) -> None:
         """Refuse before anything is written: a folder that cannot be written, an evaluation of untrained weights."""
         if self.logger is not None and rank() == 0:  # the process that writes
-            folder = self.start.run if self.start and self.start.continues else Path(self.logger.root_dir)
-            check_writable("--trainer.default_root_dir", folder)
+            continued = self.start.run if self.start and self.start.continues else None
+            folder = continued / "checkpoints" if continued else self.logger.root_dir
+            beside = self.subcommand != "fit" and self.start is not None and self.start.run is not None
+            how = "Logs go beside the run evaluated: copy its checkpoint to a file, give that and a folder of yours"
+            check_writable("--trainer.default_root_dir", folder, how if beside else "")
+        for callback in self.trainer.checkpoint_callbacks if self.subcommand == "fit" and rank() == 0 else []:
+            if callback.dirpath:  # given: Lightning's own is in the run's folder
+                check_writable("--checkpoint.dirpath", Path(callback.dirpath))
         if self.subcommand != "fit" and self.named is None:
             raise UserError(
                 f"{self.subcommand} needs trained weights: add --ckpt_path last (the newest run of this"
@@ -212,11 +238,13 @@ class TrainCLI(LightningCLI):
         best, metrics = self.config_init.fit.checkpoint.best_model_path, dict(self.trainer.callback_metrics)
         if self.config_init.fit.checkpoint.best_model_score is not None:  # the figure of the weights it names
             metrics = {self.config_init.fit.checkpoint.monitor: self.config_init.fit.checkpoint.best_model_score}
-        if self.test_after_fit and best and self.trainer.global_step > 0:
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
+        if self.test_after_fit and self.trainer.global_step > 0:
+            if not best:  # no checkpoint (fast_dev_run, --trainer.enable_checkpointing false): as Lightning's test()
+                say("Testing the weights as the fit left them: it saved no best checkpoint.")
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, weights_only=True)
             metrics.update(self.trainer.callback_metrics)
         elif self.test_after_fit:
-            say("No test: the fit took no training step, or saved no checkpoint to test.")
+            say("No test: the fit took no training step.")
         self._summary(metrics, best)
 
     def after_validate(self) -> None:
@@ -227,8 +255,7 @@ class TrainCLI(LightningCLI):
 
     def after_predict(self) -> None:
         self._stop_if_signalled()
-        writer = next(c for c in self.trainer.callbacks if isinstance(c, PredictionWriter))
-        say(f"Predictions: {writer.written}")
+        say(f"Predictions: {next(c.written for c in self.trainer.callbacks if isinstance(c, PredictionWriter))}")
 
     def _summary(self, metrics: dict, best: str = "") -> None:
         names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]

@@ -1,6 +1,7 @@
 """What train.py says: lines of its own below the progress bar, a mistake in one line, a bug in a short traceback
 (docs/errors.md)."""
 
+import contextlib
 import difflib
 import os
 import re
@@ -12,6 +13,7 @@ import traceback
 from pathlib import Path
 
 import torch.distributed as dist
+import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities import rank_zero_only
 from tqdm import tqdm
@@ -34,6 +36,14 @@ def say(text: str) -> None:
     if rank_zero_only.rank == 0:
         tqdm.write(text, file=sys.stdout)
         sys.stdout.flush()
+
+
+def end_bars(trainer) -> None:
+    """End a cut-short stage's progress bars where they stand (Lightning's close them only at a stage's end, and
+    `tqdm.write` draws an open one again below each line said): what is said next stands on lines of its own."""
+    for name in ("val_progress_bar", "train_progress_bar", "test_progress_bar", "predict_progress_bar"):
+        with contextlib.suppress(AttributeError, TypeError):  # no such bar, or none open
+            getattr(trainer.progress_bar_callback, name).close()
 
 
 def options_of(settings: object, prefix: str = "-") -> dict[str, object]:
@@ -137,10 +147,13 @@ def _library_of(filename: str) -> str | None:
     return None
 
 
-# Trainer options of Lightning 1.x a config or command line may still hold, and how to say the same thing today.
+# Options of Lightning 1.x (0.10 to 1.9) a config or command line may still hold, and how to say the same today: the
+# Trainer's by their name, ModelCheckpoint's (--checkpoint, --last_checkpoint) as `checkpoint.NAME`.
 OLDER_NAMES = {
     "gpus": "--trainer.devices N with --trainer.accelerator gpu",
     "tpu_cores": "--trainer.devices N with --trainer.accelerator tpu",
+    "ipus": "nothing: Graphcore IPUs went with Lightning 2.0 (lightning-graphcore)",
+    "hpus": "--trainer.devices N with --trainer.accelerator hpu (lightning-habana)",
     "num_processes": "--trainer.devices N (processes on the CPU with --trainer.accelerator cpu)",
     "auto_select_gpus": "--trainer.devices auto",
     "distributed_backend": "--trainer.strategy (ddp)",
@@ -159,13 +172,50 @@ OLDER_NAMES = {
     "log_gpu_memory": "a DeviceStatsMonitor in --trainer.callbacks",
     "track_grad_norm": "--trainer.gradient_clip_val, or a callback logging lightning.pytorch.utilities.grad_norm",
     "flush_logs_every_n_steps": "nothing: the logger flushes on its own",
+    "log_save_interval": "nothing: the logger flushes on its own",
+    "row_log_interval": "--trainer.log_every_n_steps",
     "auto_lr_find": "Lightning's Tuner.lr_find, outside the command line",
     "auto_scale_batch_size": "Lightning's Tuner.scale_batch_size, outside the command line",
     "move_metrics_to_cpu": "nothing: it went with Lightning 2.0",
     "multiple_trainloader_mode": "nothing: it went with Lightning 2.0",
     "truncated_bptt_steps": "nothing: it went with Lightning 2.0",
+    "enable_pl_optimizer": "nothing: it went with Lightning 1.3",
+    "automatic_optimization": "nothing: the model's automatic_optimization attribute (True here)",
     "prepare_data_per_node": "nothing: it is the datamodule's attribute now",
+    "checkpoint.period": "--checkpoint.every_n_epochs",
+    "checkpoint.every_n_val_epochs": "--checkpoint.every_n_epochs",
+    "checkpoint.filepath": "--checkpoint.dirpath and --checkpoint.filename",
+    "checkpoint.prefix": "--checkpoint.filename",
 }
+# Values of Lightning 1.x for an accelerator or a strategy, and today's.
+OLDER_VALUES = {
+    **dict.fromkeys(("ddp", "ddp_spawn", "dp", "ddp2", "horovod"), "--trainer.strategy ddp"),
+    "ddp_cpu": "--trainer.strategy ddp with --trainer.accelerator cpu",
+    **dict.fromkeys(
+        ("ddp_sharded", "ddp_sharded_spawn", "ddp_fully_sharded", "fsdp_native"), "--trainer.strategy fsdp"
+    ),
+}
+
+
+def older_name(option: str) -> str | None:
+    """Today's way to say what `option` of Lightning 1.x said (`--trainer.gpus`), or None for an option of today."""
+    section, _, name = option.lstrip("-").rpartition(".")
+    if section in ("checkpoint", "last_checkpoint"):  # the same class's options
+        return (OLDER_NAMES.get(f"checkpoint.{name}") or "").replace("--checkpoint.", f"--{section}.") or None
+    return OLDER_NAMES.get(name) if section in ("", "trainer") else None
+
+
+def older_options(args: list[str]) -> list[str]:
+    """The options of Lightning 1.x on the command line `args` and in the config files it names, in order."""
+    found = []
+    for index, arg in enumerate(args):
+        name, has_value, value = arg.partition("=")
+        if name in ("-c", "--config"):
+            with contextlib.suppress(OSError, yaml.YAMLError, IndexError):
+                settings = yaml.safe_load(Path(value if has_value else args[index + 1]).read_text())
+                found += options_of(settings) if isinstance(settings, dict) else []
+        found.append(name)
+    return [option for option in dict.fromkeys(found) if option.startswith("--") and older_name(option)]
 
 
 def parser_line(message: str, options: list[str], args: list[str] = ()) -> str:
@@ -179,9 +229,11 @@ def parser_line(message: str, options: list[str], args: list[str] = ()) -> str:
     if unknown:
         name = next(group for group in unknown.groups() if group).lstrip("-").split("=")[0]
         option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
-        older = OLDER_NAMES.get(option.removeprefix("--trainer.").removeprefix("--"))
-        if older:
-            return f"{option} is an option of Lightning 1.x; today: {older}."
+        if older_name(option):  # each of the command's, at once
+            olders = [option, *(o for o in older_options(list(args)) if o != option)]
+            today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
+            are = "are options" if olders[1:] else "is an option"
+            return f"{', '.join(olders)} {are} of Lightning 1.x; today: {today}."
         return f"{option}: no such option{_closest(option, options)}"
     lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
     causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]

@@ -100,15 +100,14 @@ class Start:
 
 def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only: bool = True) -> Start | None:
     """The checkpoint `--ckpt_path` names, read (as data only, unless not `weights_only`) and checked; None for none,
-    for a name Lightning resolves itself (a URL, `hpc`, a registry's), and for `fit --ckpt_path last` with no run to
+    for a URL (Lightning reads it), and for `fit --ckpt_path last` with no run to
     continue (a new run starts)."""
-    if ckpt_path is None or ckpt_path == "hpc" or "://" in ckpt_path or ckpt_path.startswith("registry"):
+    if ckpt_path is None or "://" in ckpt_path:  # a URL: Lightning reads it
         return None
-    if ckpt_path in ("", "best"):
+    if ckpt_path in ("", "best", "hpc") or ckpt_path.startswith("registry"):  # Lightning's names of other checkpoints
         raise UserError(
-            f"--ckpt_path {ckpt_path or repr('')} names no checkpoint this command has"
-            f"{' (best is a fit earlier in the same process)' if ckpt_path else ''}: give a checkpoint file, a run's"
-            " folder, or last."
+            f"--ckpt_path {ckpt_path or repr('')} names no checkpoint this program keeps: give a checkpoint file, a"
+            f" run's folder, or last ({subcommand} --help says what each means)."
         )
     run = newest_run(runs) if ckpt_path == "last" else Path(ckpt_path)
     if run is None:

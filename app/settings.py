@@ -4,12 +4,17 @@ processes a launcher started, and the values Lightning takes unchecked."""
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
+import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch import Trainer as LightningTrainer
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.strategies import StrategyRegistry
 
-from app.console import UserError, options_of, say
+from app.console import OLDER_VALUES, UserError, options_of, say
 
 # What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
 # fmt: off
@@ -44,20 +49,38 @@ class Trainer(LightningTrainer):
         super().__init__(*args, **limits, overfit_batches=overfit_batches, **kwargs)
 
 
+# What --ckpt_path means here (docs/run-folder.md), in place of Lightning's text for `Trainer.fit(ckpt_path=...)`.
+CKPT_PATH = {
+    "fit": "The run to continue, in its folder and with its settings: last (the newest run of this --model and"
+    " --data.dataset under --trainer.default_root_dir; a new run if there is none), a run's folder"
+    " (runs/SeqNet-mnist/version_0), or a checkpoint file (a new run from its weights and step). None: a new run.",
+    "": "The trained weights ({}): last (the newest run of this --model and --data.dataset under"
+    " --trainer.default_root_dir), a run's folder (runs/SeqNet-mnist/version_0: its checkpoints/last.ckpt), or a"
+    " checkpoint file.",
+}
+
+
+class Parser(LightningArgumentParser):
+    """Lightning's parser, with this program's meaning of each subcommand's --ckpt_path in its help."""
+
+    def add_method_arguments(self, class_type, method_name, *args, skip=None, **kwargs) -> list[str]:
+        added = super().add_method_arguments(
+            class_type, method_name, *args, skip={*(skip or ()), "ckpt_path"}, **kwargs
+        )
+        what = CKPT_PATH.get(method_name, CKPT_PATH[""].format(f"required: what to {method_name}"))
+        self.add_argument("--ckpt_path", type=str | None, default=None, help=what)
+        return [*added, "ckpt_path"]
+
+
 def launcher_shape(kubeflow: bool = False) -> dict | None:
     """The processes per node and the nodes torchrun, SLURM or a PyTorchJob started (an elastic torchrun job's change
     with each restart), and how many times torchrun restarts a failed job; None where Lightning's launcher starts
     them. `kubeflow`: the Trainer was given Lightning's KubeflowEnvironment (which cannot be detected)."""
     env = os.environ
     if TorchElasticEnvironment.detect():
-        devices = int(env["LOCAL_WORLD_SIZE"])
-        restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-        return {
-            "launcher": "torchrun",
-            "devices": devices,
-            "num_nodes": int(env["WORLD_SIZE"]) // devices,
-            "restarts": restarts,
-        }
+        devices, restarts = int(env["LOCAL_WORLD_SIZE"]), int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        nodes = int(env["WORLD_SIZE"]) // devices
+        return {"launcher": "torchrun", "devices": devices, "num_nodes": nodes, "restarts": restarts}
     if SLURMEnvironment.detect():
         nodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
         devices = int(str(env.get("SLURM_NTASKS_PER_NODE", int(env["SLURM_NTASKS"]) // nodes)).split("(")[0])
@@ -105,6 +128,15 @@ def check(trainer: dict, seed: object) -> None:
             raise UserError(f"--trainer.{name} {value}: must be 1 or more. Give --trainer.{name} another value.")
     if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
         raise UserError(f"--seed_everything {seed}: must be from 0 to {2**32 - 1}. Give another value.")
+    for name, known in (
+        ("accelerator", ("auto", "gpu", *AcceleratorRegistry)),
+        ("strategy", ("auto", *StrategyRegistry)),
+    ):
+        value = trainer.get(name)
+        if isinstance(value, str) and value not in known:
+            today = f"Lightning 1.x's name; today: {OLDER_VALUES[value]}" if value in OLDER_VALUES else "no such name"
+            known = sorted(k for k in known if "_find_unused" not in k and "_stage" not in k)  # the variants' bases
+            raise UserError(f"--trainer.{name} {value}: {today}. Known: {', '.join(known)}.")
     nodes, node_rank = trainer.get("num_nodes"), os.environ.get("NODE_RANK", "0")
     if isinstance(nodes, int) and nodes > 0 and node_rank not in map(str, range(nodes)) and launcher_shape() is None:
         raise UserError(
@@ -113,8 +145,10 @@ def check(trainer: dict, seed: object) -> None:
         )
 
 
-def check_writable(option: str, folder: Path) -> None:
-    """One line saying why `folder` cannot be made or written, if it cannot; nothing is created."""
+def check_writable(option: str, folder: str | Path, how: str = "") -> None:
+    """One line saying why `folder` cannot be made or written, if it cannot, and `how` to do without; nothing is
+    created."""
+    folder = Path(folder)
     existing = next(path for path in (folder, *folder.parents) if path.exists() or path == path.parent)
     try:
         if not existing.is_dir():
@@ -123,6 +157,33 @@ def check_writable(option: str, folder: Path) -> None:
             pass
     except OSError as error:
         raise UserError(
-            f"{option} {folder}: cannot write {existing} ({error.strerror}). Choose a folder you can write"
-            " to, or ask its owner to let you."
+            f"{option} {folder}: cannot write {existing} ({error.strerror})."
+            f" {how or 'Choose a folder you can write to'}, or ask its owner to let you."
         ) from error
+
+
+def cpu_threads() -> str:
+    """One thread for a process training alone on the CPU where other work keeps half the cores or more busy (torch's
+    thread per core then waits at every operation: 1.9-2x slower, docs/speed.md), unless OMP_NUM_THREADS is set; what
+    it has, in words."""
+    cores, others = os.cpu_count() or 1, 0.0 if "OMP_NUM_THREADS" in os.environ else busy_cores()
+    if others < cores / 2:
+        return f"{cores} cores"
+    os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts
+    torch.set_num_threads(1)
+    return f"{cores} cores, {others:.1f} of them busy with other work: 1 thread"
+
+
+def busy_cores(seconds: float = 0.1) -> float:
+    """How many cores other processes keep busy now: measured from /proc/stat while this process sleeps `seconds`
+    (the load average, which counts this program's own last run for a minute, where there is none)."""
+    try:
+        with open("/proc/stat") as stat:
+            before = [int(n) for n in stat.readline().split()[1:8]]
+            time.sleep(seconds)
+            stat.seek(0)
+            after = [int(n) for n in stat.readline().split()[1:8]]
+    except (OSError, ValueError):
+        return os.getloadavg()[0]
+    spent = [b - a for a, b in zip(before, after, strict=True)]  # user nice system idle iowait irq softirq
+    return (os.cpu_count() or 1) * (sum(spent) - spent[3] - spent[4]) / max(sum(spent), 1)

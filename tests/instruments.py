@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import Timer
 
 
 class SignalAt(Callback):
@@ -37,6 +38,20 @@ class SignalAt(Callback):
             self._send(trainer)
 
     on_predict_batch_start = on_test_batch_start
+
+
+class BudgetSpentAt(Callback):
+    """Global rank 0 holds training step `step` until the Trainer's time budget (`--trainer.max_time`) is spent, as
+    a slow step would: Lightning's Timer ends the training at that step."""
+
+    def __init__(self, step: int = 1) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == 0:
+            (timer,) = [callback for callback in trainer.callbacks if isinstance(callback, Timer)]
+            while timer.time_remaining() > 0:
+                time.sleep(0.01)
 
 
 class DivergeInEpoch(Callback):

@@ -3,6 +3,8 @@
 import fcntl
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 import yaml
 from lightning.pytorch import Callback
 
+from app.settings import busy_cores, cpu_threads
 from tests.helpers import max_difference, one_error_line, run_in_process, small_run
 from tests.test_checkpoint_io import Code
 
@@ -39,12 +42,21 @@ def test_the_defaults_are_seqnet_on_fashion_mnist_with_ddp_and_the_shortcuts_sta
     assert config["checkpoint"]["monitor"] == "val/acc" and config["last_checkpoint"]["filename"] == "last"
 
 
-def test_help_lists_the_subcommands_and_fit_help_every_option():
-    top, fit = run_in_process("--help"), run_in_process("fit", "--help")
-    assert top.returncode == fit.returncode == 0
-    assert "{fit,validate,test,predict}" in top.stdout and "Without a subcommand it fits" in top.stdout
-    for option in ("--stop.every_n_steps", "--watchdog.timeout", "--ckpt_path", "--trainer.devices"):
-        assert option in fit.stdout, option
+def test_help_describes_this_program_every_subcommand_and_what_its_ckpt_path_means():
+    top = run_in_process("--help")
+    assert top.returncode == 0 and "(required)" not in top.stdout
+    for subcommand in ("(none)", "fit", "validate", "test", "predict", "export"):
+        assert f"\n  {subcommand} " in top.stdout, subcommand
+    helps = {name: run_in_process(name, "--help").stdout for name in ("fit", "validate", "test", "predict")}
+    for option in ("--stop.every_n_steps", "--watchdog.timeout", "--trainer.devices", "--data.predict_dir"):
+        assert option in helps["fit"], option
+    assert "The run to continue, in its folder and with its settings: last" in " ".join(helps["fit"].split())
+    for name, text in helps.items():
+        text = " ".join(text.split())
+        assert text.count("last (the newest run of this --model and --data.dataset") == 1, name
+        assert '"hpc"' not in text and "registry:" not in text and "If None and the model instance" not in text, name
+        assert "make sure you never run on your " not in text and "Useful to " not in text, name  # cut sentences
+    assert "The trained weights (required: what to predict): last" in " ".join(helps["predict"].split())
 
 
 @pytest.mark.parametrize(
@@ -79,17 +91,30 @@ def test_a_mistake_on_the_command_line_is_one_line_with_its_deepest_cause(args, 
 
 def test_a_config_file_of_lightning_1_is_answered_with_todays_names(tmp_path):
     config = tmp_path / "old.yaml"
-    config.write_text("trainer:\n  gpus: 2\n  weights_summary: top\n")
+    config.write_text("trainer:\n  gpus: 2\n")
     assert "error: --trainer.gpus is an option of Lightning 1.x; today: --trainer.devices N" in error(
         "--config", str(config)
+    )
+    # What Lightning 1.9's --print_config wrote: every stale name at once, with today's way to say it
+    config.write_text("trainer:\n  max_epochs: 2\n  ipus: null\n  replace_sampler_ddp: true\n  amp_backend: native\n")
+    line = error("--config", str(config), "--checkpoint.period", "2")
+    assert "--trainer.ipus, --trainer.replace_sampler_ddp, --trainer.amp_backend are options of Lightning 1.x" in line
+    assert "--trainer.replace_sampler_ddp → --trainer.use_distributed_sampler;" in line
+    assert "--checkpoint.period → --checkpoint.every_n_epochs" in line
+    assert "--trainer.accelerator ddp: Lightning 1.x's name; today: --trainer.strategy ddp." in error(
+        "--trainer.accelerator", "ddp"
+    )
+    assert "--trainer.strategy ddp_sharded: Lightning 1.x's name; today: --trainer.strategy fsdp." in error(
+        "--trainer.strategy", "ddp_sharded"
     )
 
 
 def test_an_evaluation_without_weights_or_with_none_to_name_is_refused(tmp_path):
     root = ("--trainer.default_root_dir", str(tmp_path))
     assert "error: test needs trained weights: add --ckpt_path last" in error("test", *root)
-    assert "--ckpt_path '' names no checkpoint this command has" in error("test", "--ckpt_path", "", *root)
-    assert "best is a fit earlier in the same process" in error("validate", "--ckpt_path", "best", *root)
+    for name in ("", "best", "hpc", "registry", "registry:my-model:latest"):  # Lightning's, of other programs
+        line = f"--ckpt_path {name or repr('')} names no checkpoint this program keeps: give a checkpoint file, a run's"
+        assert line in error("validate", "--ckpt_path", name, *root)
     assert f"--ckpt_path last: no run in {tmp_path / 'SeqNet-fashion_mnist'} holds a last checkpoint" in error(
         "predict", "--ckpt_path", "last", *root
     )
@@ -150,22 +175,38 @@ def test_a_subcommands_name_as_an_options_value_is_that_value(tmp_path):
     assert yaml.safe_load(printed.stdout)["trainer"]["default_root_dir"] == "test"  # a fit's, in the folder `test`
 
 
-@pytest.mark.parametrize("what", ["a file", "another user's folder"])
-def test_a_root_that_cannot_be_written_ends_in_one_line_before_anything(data_dir, tmp_path, what):
-    if os.geteuid() == 0 and what != "a file":
-        pytest.skip("root writes into any folder: the file case stands for both here")
-    root = tmp_path / "runs"
+@pytest.mark.parametrize("what", ["a file", "a file for the model's folder", "another user's folder", "checkpoints"])
+def test_a_folder_that_cannot_be_written_ends_in_one_line_before_anything(data_dir, tmp_path, what):
+    """A team's shared runs/: the root, or the model's folder below it, is a file or another user's; or a given
+    --checkpoint.dirpath lies below a file."""
+    if os.geteuid() == 0 and what == "another user's folder":
+        pytest.skip("root writes into any folder: the file cases stand for it here")
+    root, more = tmp_path / "runs", []
+    folder = root / "SeqNet-mnist"
     if what == "a file":
         root.write_text("")
+    elif what == "another user's folder":
+        folder.mkdir(parents=True)
+        folder.chmod(0o500)
+    elif what == "checkpoints":
+        (tmp_path / "shared").write_text("")
+        folder, more = (
+            tmp_path / "shared" / "checkpoints",
+            ["--checkpoint.dirpath", str(tmp_path / "shared" / "checkpoints")],
+        )
     else:
-        (root / "SeqNet-mnist").mkdir(parents=True)
-        (root / "SeqNet-mnist").chmod(0o500)
+        root.mkdir()
+        folder.write_text("")
+    before = sorted(tmp_path.rglob("*"))
     try:
-        line = error(*small_run(data_dir, root))
+        line = error(*small_run(data_dir, root), *more)
     finally:
-        if root.is_dir():
-            (root / "SeqNet-mnist").chmod(0o700)
-    assert line.startswith(f"error: --trainer.default_root_dir {root / 'SeqNet-mnist'}: cannot write"), line
+        if folder.is_dir():
+            folder.chmod(0o700)
+    option = "--checkpoint.dirpath" if more else "--trainer.default_root_dir"
+    assert line.startswith(f"error: {option} {folder}: cannot write"), line
+    assert "Choose a folder you can write to, or ask its owner to let you." in line
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
 def test_a_bug_is_a_short_traceback_naming_its_raising_line(data_dir, tmp_path):
@@ -199,6 +240,8 @@ def test_a_fast_dev_run_runs_and_prints_only_commands_that_can_be_followed(data_
     result = run_in_process(*small_run(data_dir, tmp_path), "--trainer.fast_dev_run", "true")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--logdir None" not in result.stdout + result.stderr and not Path(tmp_path, "SeqNet-mnist").exists()
+    assert "Testing the weights as the fit left them: it saved no best checkpoint." in result.stdout
+    assert "Finished: test/acc" in result.stdout  # Lightning's smoke test: every stage, the test too
 
 
 def test_a_checkpoint_holding_code_is_refused_and_evaluated_with_weights_only_false(checkpoint, data_dir, tmp_path):
@@ -211,3 +254,28 @@ def test_a_checkpoint_holding_code_is_refused_and_evaluated_with_weights_only_fa
         "validate", *small_run(data_dir, tmp_path), "--ckpt_path", str(trusted), "--weights_only", "false"
     )
     assert result.returncode == 0 and "Finished: val/acc" in result.stdout, result.stderr[-2000:]
+
+
+def test_a_process_alone_on_cores_other_work_keeps_busy_trains_with_one_thread(monkeypatch):
+    cores = os.cpu_count() or 1
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        assert busy_cores() >= 0.75 * cores  # measured while this process sleeps: the others' work
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    try:
+        torch.set_num_threads(cores)
+        monkeypatch.setattr("app.settings.busy_cores", lambda: cores / 2 - 0.1)  # an idle machine's, or near
+        assert cpu_threads() == f"{cores} cores" and torch.get_num_threads() == cores
+        monkeypatch.setattr("app.settings.busy_cores", lambda: cores / 2)
+        assert cpu_threads() == f"{cores} cores, {cores / 2:.1f} of them busy with other work: 1 thread"
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        torch.set_num_threads(cores)
+        monkeypatch.setenv("OMP_NUM_THREADS", str(cores))  # the user's choice stays
+        assert cpu_threads() == f"{cores} cores" and torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(threads)

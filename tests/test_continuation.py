@@ -96,6 +96,21 @@ def test_a_stop_inside_an_accumulated_step_continues_from_the_steps_start(data_d
     assert samples(tmp_path, 1, 2) == list(range(1000))
 
 
+def test_a_run_stopped_by_its_time_budget_mid_epoch_continues_from_the_next_sample(data_dir, tmp_path, uninterrupted):
+    """A chain of jobs: each link trains for --trainer.max_time, then the same command continues with a budget of its
+    own (not what is left of the first, which is spent)."""
+    budget = ("--trainer.max_time", "00:00:00:04")
+    spent = ("--trainer.callbacks+=tests.instruments.BudgetSpentAt", "--trainer.callbacks.step", "15")
+    assert train(data_dir, tmp_path, 2, *budget, *spent) == [0, 0]  # a planned end: the chain goes on
+    assert final(tmp_path)["global_step"] == 15  # the Timer's step, mid-epoch 1 (10 steps an epoch)
+    said = (tmp_path / "rank0.log").read_text()
+    assert f"Stopped by the time budget (max_time) in epoch 1, after step 15; {tmp_path / LAST} holds" in said
+    assert train(data_dir, tmp_path, 2, *budget, "--ckpt_path", "last") == [0, 0]
+    assert final(tmp_path)["global_step"] == 20
+    assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-5
+    assert samples(tmp_path, 1, 2) == list(range(1000))  # every sample of the epoch it stopped in, once
+
+
 def test_a_finished_run_extended_by_epochs_plans_its_one_cycle_schedule_again(data_dir, tmp_path):
     assert train(data_dir, tmp_path, 1) == [0]
     assert train(data_dir, tmp_path, 1, "--ckpt_path", "last", "--trainer.max_epochs", "3") == [0]

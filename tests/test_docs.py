@@ -151,3 +151,16 @@ def test_the_readmes_pieces_in_ones_own_program_build_a_trainer_as_printed():
     exec(code, done)  # noqa: S102 (the README's own lines)
     names = [type(callback).__name__ for callback in done["trainer"].callbacks]
     assert "GracefulStop" in names and type(done["trainer"].strategy).__name__ == "RendezvousDDPStrategy"
+
+
+def test_every_figure_of_the_readmes_results_comes_with_the_command_that_gave_it():
+    """Each row: a command as printed (it parses, as is), its accuracy and its time; the machine is named above."""
+    readme = (REPO / "README.md").read_text()
+    results = readme[readme.index("## Results") : readme.index("## Layout")]
+    assert "2-core development VM" in results
+    rows = re.findall(r"^\| `(python train\.py[^`]*)`[^|]*\| (0\.\d{4}) \| (\d+) s \|$", results, re.MULTILINE)
+    assert len(rows) == results.count("\n| `"), "a row without a command, an accuracy or a time"
+    assert len(rows) >= 3
+    for command, _accuracy, _seconds in rows:
+        parsed = run_in_process(*command.split()[2:], "--print_config")
+        assert parsed.returncode == 0, (command, parsed.stderr[-1000:])

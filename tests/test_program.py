@@ -138,3 +138,26 @@ def test_a_run_started_with_nohup_in_the_background_outlives_its_shell(data_dir,
     assert bash.wait(timeout=120) == 0
     assert left_behind(bash.pid, timeout=120) == "", out.read_text()[-3000:]  # the run's session: it ended
     assert "Finished: test/acc" in out.read_text(), out.read_text()[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("instrument", "said"),
+    [
+        (
+            ("SignalAt", "--trainer.callbacks.step", "3"),
+            ["Stopped by SIGTERM in epoch 0, after step 3; ", "Continue with: "],
+        ),
+        (("DivergeInEpoch", "--trainer.callbacks.epoch", "0"), ["error: the training loss became NaN or infinite "]),
+    ],
+)
+def test_what_a_stop_or_an_error_says_stands_below_the_progress_bar(data_dir, tmp_path, instrument, said):
+    """Standard output and error on one terminal: each line said starts a line, and no bar is drawn again below."""
+    name, *options = instrument
+    args = small_run(data_dir, tmp_path, f"--trainer.callbacks+=tests.instruments.{name}", *options, devices=1)
+    args[args.index("--trainer.enable_progress_bar") + 1] = "true"
+    command = shlex.join([sys.executable, "train.py", "--stop.every_n_steps", "1", *args])
+    result = run_command(["bash", "-c", f"{command} 2>&1"])
+    assert "it/s" in result.stdout  # the bar was drawn
+    screen = [line.rsplit("\r", 1)[-1] for line in result.stdout.replace("\r\n", "\n").split("\n")]  # as it stays
+    lines = [line for line in screen if line.strip()]
+    assert [line for line in lines if line.startswith(tuple(said))] == lines[-len(said) :], lines[-4:]

@@ -1,4 +1,5 @@
-"""GracefulStop: every process of the job stops at one step on a stop signal or a diverged loss, and keeps it."""
+"""GracefulStop: every process of the job stops at one step on a stop signal, the end of the time budget or a diverged
+loss, and keeps it."""
 
 import os
 import signal
@@ -12,27 +13,29 @@ import torch
 from jsonargparse.typing import PositiveInt
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.trainer.states import TrainerFn
 
-from app.console import UserError, say
+from app.console import UserError, end_bars, say
 
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (hang-up)"}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Stopped(Exception):
-    """Every process stopped at one step after the stop signal `signum`, having saved `checkpoint` there (None:
-    nothing). train.py then ends by that signal, as a shell expects (130 after Ctrl-C, 143 after SIGTERM)."""
+    """Every process stopped at one step after the stop signal `signum` (0: at the end of the time budget), having
+    saved `checkpoint` there (None: nothing). train.py then ends by that signal, as a shell expects (130 after Ctrl-C,
+    143 after SIGTERM; 0 after the budget: the next link of a chain of jobs starts)."""
 
     def __init__(self, signum: int, checkpoint: str | None = None) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        super().__init__(f"stopped by {signal.Signals(signum).name if signum else 'the time budget'}")
         self.signum, self.checkpoint = signum, checkpoint
 
 
 class GracefulStop(Callback):
     """Stop every process of the job at the same step on SIGTERM, Ctrl-C (SIGINT), a hang-up (SIGHUP), SLURM's
-    requeue signal or a training loss that became NaN or infinite, and keep that step.
+    requeue signal, the end of the Trainer's time budget (`max_time`) or a training loss that became NaN or infinite,
+    and keep that step.
 
     Args:
         every_n_steps: Optimizer steps between two checks, each one `strategy.reduce` of four flags (a stop signal,
@@ -49,7 +52,9 @@ class GracefulStop(Callback):
     a second after the first, stops at once; one after the last check stays in `signal` for the caller. After SLURM's
     signal, `scontrol requeue`. A non-finite loss, any step's, is kept on the device and read at the checks and before
     each checkpoint is saved: `UserError` before one could hold it. A signal ignored at the start (SIGHUP under
-    `nohup`) stays ignored; the handlers from before come back at the stage's end.
+    `nohup`) stays ignored; the handlers from before come back at the stage's end. The budget's end (Lightning's
+    `Timer` sets `trainer.should_stop` at a step; this callback then runs after it) is kept as a signal is, mid-epoch
+    too; a continued run gets a budget of its own, not what is left of the one before (a chain of jobs).
     """
 
     def __init__(
@@ -74,6 +79,10 @@ class GracefulStop(Callback):
         slurm = isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal
         self._signals = (*STOP_SIGNALS, *([environment.requeue_signal] if slurm else []))
         self._catch()  # before Lightning's own: it then leaves SLURM's signal to this one
+        timers = [index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, Timer)]
+        if timers and trainer.callbacks.index(self) < timers[-1]:  # after the Timer: its stop is seen at its step
+            trainer.callbacks.remove(self)
+            trainer.callbacks.insert(timers[-1], self)
 
     def _catch(self) -> None:
         """Handle the stop signals here, again after Lightning put its SIGTERM handler in (also at each loop start)."""
@@ -159,6 +168,8 @@ class GracefulStop(Callback):
         if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
             bad = ~torch.isfinite(loss.detach())
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        if trainer.should_stop:  # the Timer's (agreed by it): the budget is spent
+            self._check(trainer, spent=True)
         if trainer.global_step != self._step_seen and trainer.global_step % self.every_n_steps == 0:
             self._check(trainer)
         self._step_seen = trainer.global_step
@@ -171,7 +182,14 @@ class GracefulStop(Callback):
         if self._active and not self._evaluating:
             self._check(trainer, loss_only=True)
 
-    def _check(self, trainer: Trainer, loss_only: bool = False, at_epoch_end: bool = False) -> None:
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        """A continued run's time budget is its own: the Timer does not take the time of the commands before."""
+        for timer in (c for c in trainer.callbacks if isinstance(c, Timer)):
+            checkpoint.get("callbacks", {}).pop(timer.state_key, None)
+
+    def _check(
+        self, trainer: Trainer, loss_only: bool = False, at_epoch_end: bool = False, spent: bool = False
+    ) -> None:
         save_due = self.save_every_s is not None and time.monotonic() - self._saved_at >= self.save_every_s
         flags = torch.tensor([self.signal or 0, self.requeue, 0, save_due], device=trainer.strategy.root_device)
         if self._nonfinite is not None:
@@ -189,17 +207,18 @@ class GracefulStop(Callback):
             )
         if loss_only:  # at a save: the signals wait for the next check
             return
-        if (signum or requeue or save_due) and path is not None:
+        if (signum or requeue or save_due or spent) and path is not None:
             trainer.save_checkpoint(path, weights_only=False)  # on every process: global rank 0 writes
             self._saved_at = time.monotonic()
         if requeue and trainer.is_global_zero:
             subprocess.run(["scontrol", "requeue", os.environ.get("SLURM_JOB_ID", "")], check=False)
-        if signum or requeue:
-            signum = signum or self._signals[-1]
+        if signum or requeue or spent:
+            signum = signum or (self._signals[-1] if requeue else 0)
             when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
             kept = f"{path} holds that step" if path else "nothing was saved (no checkpoint)"
             requeued = "; SLURM was asked to requeue the job" if requeue else ""
-            name = NAMES.get(signum, "SLURM's requeue signal")
+            name = NAMES.get(signum, "SLURM's requeue signal" if signum else "the time budget (max_time)")
+            end_bars(trainer)
             say(f"Stopped by {name} in epoch {trainer.current_epoch}, {when}; {kept}{requeued}.")
             self.signal = None
             raise Stopped(signum, path)
@@ -211,6 +230,7 @@ class GracefulStop(Callback):
         return self.checkpoint.format_checkpoint_name({}, filename=self.checkpoint.CHECKPOINT_NAME_LAST)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        end_bars(trainer)  # the lines said next (the stop's, an error's) stand below them
         if isinstance(exception, Stopped) and self._evaluating:
             stage = trainer.state.fn.value
             say(
