@@ -80,6 +80,7 @@ class GracefulStop(Callback):
         self._signals = (*STOP_SIGNALS, *([environment.requeue_signal] if slurm else []))
         self._catch()  # before Lightning's own: it then leaves SLURM's signal to this one
         timers = [index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, Timer)]
+        self._timed, self._asked = bool(timers), False
         if timers and trainer.callbacks.index(self) < timers[-1]:  # after the Timer: its stop is seen at its step
             trainer.callbacks.remove(self)
             trainer.callbacks.insert(timers[-1], self)
@@ -163,12 +164,15 @@ class GracefulStop(Callback):
                 f" {trainer.current_epoch} or after step {step}, whichever comes first."
             )
 
+    def on_train_batch_start(self, trainer: Trainer, *args) -> None:
+        self._asked = trainer.should_stop  # by another callback before (EarlyStopping before min_epochs, say)
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
             bad = ~torch.isfinite(loss.detach())
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-        if trainer.should_stop:  # the Timer's (agreed by it): the budget is spent
+        if trainer.should_stop and not self._asked and self._timed:  # set by the Timer at this step (agreed by it)
             self._check(trainer, spent=True)
         if trainer.global_step != self._step_seen and trainer.global_step % self.every_n_steps == 0:
             self._check(trainer)
