@@ -214,9 +214,10 @@ class TrainCLI(LightningCLI):
             folder = continued / "checkpoints" if continued else self.logger.root_dir
             beside = self.subcommand != "fit" and self.start is not None and self.start.run is not None
             how = "Logs go beside the run evaluated: copy its checkpoint to a file, give that and a folder of yours"
-            check_writable("--trainer.default_root_dir", folder, how if beside else "")
+            named = f"--ckpt_path {self.named}" if continued else "--trainer.default_root_dir"
+            check_writable(named, folder, how if beside else "")
         for callback in self.trainer.checkpoint_callbacks if self.subcommand == "fit" and rank() == 0 else []:
-            if callback.dirpath:  # given: Lightning's own is in the run's folder
+            if callback.dirpath and "://" not in str(callback.dirpath):  # given, on this machine
                 check_writable("--checkpoint.dirpath", Path(callback.dirpath))
         if self.subcommand != "fit" and self.named is None:
             raise UserError(

@@ -153,7 +153,7 @@ OLDER_NAMES = {
     "gpus": "--trainer.devices N with --trainer.accelerator gpu",
     "tpu_cores": "--trainer.devices N with --trainer.accelerator tpu",
     "ipus": "nothing: Graphcore IPUs went with Lightning 2.0 (lightning-graphcore)",
-    "hpus": "--trainer.devices N with --trainer.accelerator hpu (lightning-habana)",
+    "hpus": "nothing here: Intel Gaudi (HPU) training went to the lightning-habana package",
     "num_processes": "--trainer.devices N (processes on the CPU with --trainer.accelerator cpu)",
     "auto_select_gpus": "--trainer.devices auto",
     "distributed_backend": "--trainer.strategy (ddp)",
@@ -234,7 +234,8 @@ def parser_line(message: str, options: list[str], args: list[str] = ()) -> str:
             today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
             are = "are options" if olders[1:] else "is an option"
             return f"{', '.join(olders)} {are} of Lightning 1.x; today: {today}."
-        return f"{option}: no such option{_closest(option, options)}"
+        subcommand = next((a for a in args if a in ("fit", "validate", "test", "predict")), "fit")
+        return f"{option}: no such option{_closest(option, options, subcommand)}"
     lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
     causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]
     deepest = max(causes, key=lambda line: len(line) - len(line.lstrip())).strip().lstrip("- ")
@@ -252,11 +253,11 @@ def parser_line(message: str, options: list[str], args: list[str] = ()) -> str:
     return f"{option}{f' {value}' if value else ''}: {deepest}" if keys else " ".join(message.split())
 
 
-def _closest(option: str, options: list[str]) -> str:
+def _closest(option: str, options: list[str], subcommand: str) -> str:
     """`; did you mean --trainer.max_epochs?` for the closest option by its whole name or its last part, or `.`."""
     last = {candidate.rsplit(".", 1)[-1].lstrip("-"): candidate for candidate in options}
     close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
     close = close or [
         last[name] for name in difflib.get_close_matches(option.rsplit(".", 1)[-1].lstrip("-"), last, n=1)
     ]
-    return f"; did you mean {close[0]}?" if close else ". --help lists every option."
+    return f"; did you mean {close[0]}?" if close else f". train.py {subcommand} --help lists every option."

@@ -104,10 +104,11 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
     continue (a new run starts)."""
     if ckpt_path is None or "://" in ckpt_path:  # a URL: Lightning reads it
         return None
-    if ckpt_path in ("", "best", "hpc") or ckpt_path.startswith("registry"):  # Lightning's names of other checkpoints
+    lightnings = ckpt_path in ("best", "hpc") or ckpt_path.lower().partition(":")[0] == "registry"  # its names
+    if ckpt_path == "" or (lightnings and not Path(ckpt_path).exists()):
         raise UserError(
             f"--ckpt_path {ckpt_path or repr('')} names no checkpoint this program keeps: give a checkpoint file, a"
-            f" run's folder, or last ({subcommand} --help says what each means)."
+            f" run's folder, or last (train.py {subcommand} --help says what each means)."
         )
     run = newest_run(runs) if ckpt_path == "last" else Path(ckpt_path)
     if run is None:

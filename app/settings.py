@@ -3,6 +3,7 @@ processes a launcher started, and the values Lightning takes unchecked."""
 
 import hashlib
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -133,10 +134,12 @@ def check(trainer: dict, seed: object) -> None:
         ("strategy", ("auto", *StrategyRegistry)),
     ):
         value = trainer.get(name)
-        if isinstance(value, str) and value not in known:
-            today = f"Lightning 1.x's name; today: {OLDER_VALUES[value]}" if value in OLDER_VALUES else "no such name"
-            known = sorted(k for k in known if "_find_unused" not in k and "_stage" not in k)  # the variants' bases
-            raise UserError(f"--trainer.{name} {value}: {today}. Known: {', '.join(known)}.")
+        if isinstance(value, str) and value.lower() not in known:  # Lightning reads them in lower case
+            older = OLDER_VALUES.get(value.lower())
+            shown = sorted(k for k in known if "_find_unused" not in k and "_stage" not in k)  # the variants' bases
+            more = " (and their variants)" if len(shown) < len(set(known)) else ""
+            today = f"Lightning 1.x's name; today: {older}" if older else "no such name"
+            raise UserError(f"--trainer.{name} {value}: {today}. Known: {', '.join(shown)}{more}.")
     nodes, node_rank = trainer.get("num_nodes"), os.environ.get("NODE_RANK", "0")
     if isinstance(nodes, int) and nodes > 0 and node_rank not in map(str, range(nodes)) and launcher_shape() is None:
         raise UserError(
@@ -163,10 +166,11 @@ def check_writable(option: str, folder: str | Path, how: str = "") -> None:
 
 
 def cpu_threads() -> str:
-    """One thread for a process training alone on the CPU where other work keeps half the cores or more busy (torch's
+    """One thread for a process training alone on the CPU where other work keeps half its cores or more busy (torch's
     thread per core then waits at every operation: 1.9-2x slower, docs/speed.md), unless OMP_NUM_THREADS is set; what
     it has, in words."""
-    cores, others = os.cpu_count() or 1, 0.0 if "OMP_NUM_THREADS" in os.environ else busy_cores()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    others = 0.0 if "OMP_NUM_THREADS" in os.environ else busy_cores()
     if others < cores / 2:
         return f"{cores} cores"
     os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts
@@ -175,15 +179,20 @@ def cpu_threads() -> str:
 
 
 def busy_cores(seconds: float = 0.1) -> float:
-    """How many cores other processes keep busy now: measured from /proc/stat while this process sleeps `seconds`
-    (the load average, which counts this program's own last run for a minute, where there is none)."""
-    try:
+    """How many of the cores this process may use other processes keep busy now: measured from /proc/stat while this
+    process sleeps `seconds` (elsewhere the load average, which counts this program's own last run for a minute)."""
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+    def times() -> list[list[int]]:  # user nice system idle iowait irq softirq, of each core of ours
         with open("/proc/stat") as stat:
-            before = [int(n) for n in stat.readline().split()[1:8]]
-            time.sleep(seconds)
-            stat.seek(0)
-            after = [int(n) for n in stat.readline().split()[1:8]]
+            rows = [line.split() for line in stat if re.match(r"cpu\d", line)]
+        return [[int(n) for n in row[1:8]] for row in rows if mine is None or int(row[0][3:]) in mine]
+
+    try:
+        before = times()
+        time.sleep(seconds)
+        spent = [[b - a for a, b in zip(*core, strict=True)] for core in zip(before, times(), strict=True)]
     except (OSError, ValueError):
-        return os.getloadavg()[0]
-    spent = [b - a for a, b in zip(before, after, strict=True)]  # user nice system idle iowait irq softirq
-    return (os.cpu_count() or 1) * (sum(spent) - spent[3] - spent[4]) / max(sum(spent), 1)
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    busy = sum(sum(core) - core[3] - core[4] for core in spent)
+    return len(spent) * busy / max(sum(sum(core) for core in spent), 1)

@@ -41,14 +41,15 @@ class SignalAt(Callback):
 
 
 class BudgetSpentAt(Callback):
-    """Global rank 0 holds training step `step` until the Trainer's time budget (`--trainer.max_time`) is spent, as
-    a slow step would: Lightning's Timer ends the training at that step."""
+    """Global rank 0 holds its `batch`-th training batch of the command until the Trainer's time budget
+    (`--trainer.max_time`) is spent, as a slow batch would: Lightning's Timer asks the training to stop there."""
 
-    def __init__(self, step: int = 1) -> None:
-        self.step = step
+    def __init__(self, batch: int = 1) -> None:
+        self.batch, self.seen = batch, 0
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step and trainer.global_rank == 0:
+        self.seen += 1
+        if self.seen == self.batch and trainer.global_rank == 0:
             (timer,) = [callback for callback in trainer.callbacks if isinstance(callback, Timer)]
             while timer.time_remaining() > 0:
                 time.sleep(0.01)

@@ -68,7 +68,7 @@ def test_help_describes_this_program_every_subcommand_and_what_its_ckpt_path_mea
         ),
         (["--epochs", "3"], "error: --epochs: no such option; did you mean --trainer.max_epochs?"),
         (["--lr", "0.1"], "error: --lr: no such option; did you mean --model.optimizer.lr?"),
-        (["--frobnicate", "1"], "error: --frobnicate: no such option. --help lists every option."),
+        (["--frobnicate", "1"], "error: --frobnicate: no such option. train.py fit --help lists every option."),
         (["--model.widht", "3"], "error: --model.widht: no such option"),
         (
             ["--trainer.gpus", "2"],
@@ -119,6 +119,7 @@ def test_an_evaluation_without_weights_or_with_none_to_name_is_refused(tmp_path)
         "predict", "--ckpt_path", "last", *root
     )
     assert "no such file" in error("test", "--ckpt_path", str(tmp_path / "none.ckpt"), *root)
+    assert "no such file" in error("test", "--ckpt_path", str(tmp_path / "registry_old.ckpt"), *root)  # a path
     assert not any(tmp_path.iterdir())
 
 

@@ -96,16 +96,20 @@ def test_a_stop_inside_an_accumulated_step_continues_from_the_steps_start(data_d
     assert samples(tmp_path, 1, 2) == list(range(1000))
 
 
-def test_a_run_stopped_by_its_time_budget_mid_epoch_continues_from_the_next_sample(data_dir, tmp_path, uninterrupted):
+@pytest.mark.parametrize(("batch", "accumulate", "step"), [(15, 1, 15), (27, 2, 14)])
+def test_a_run_stopped_by_its_time_budget_mid_epoch_continues_from_the_next_sample(
+    data_dir, tmp_path, uninterrupted, batch, accumulate, step
+):
     """A chain of jobs: each link trains for --trainer.max_time, then the same command continues with a budget of its
-    own (not what is left of the first, which is spent)."""
-    budget = ("--trainer.max_time", "00:00:00:04")
-    spent = ("--trainer.callbacks+=tests.instruments.BudgetSpentAt", "--trainer.callbacks.step", "15")
-    assert train(data_dir, tmp_path, 2, *budget, *spent) == [0, 0]  # a planned end: the chain goes on
-    assert final(tmp_path)["global_step"] == 15  # the Timer's step, mid-epoch 1 (10 steps an epoch)
+    own (not what is left of the first, which is spent). The budget spent inside an accumulated step (batch 27 of 2
+    a step) stops at the step's end."""
+    budget = ("--trainer.max_time", "00:00:00:04", "--trainer.accumulate_grad_batches", str(accumulate))
+    spent = ("--trainer.callbacks+=tests.instruments.BudgetSpentAt", "--trainer.callbacks.batch", str(batch))
+    assert train(data_dir, tmp_path, 2, *budget, *spent, batch_size=50 // accumulate) == [0, 0]  # the chain goes on
+    assert final(tmp_path)["global_step"] == step  # mid-epoch 1 (10 steps an epoch)
     said = (tmp_path / "rank0.log").read_text()
-    assert f"Stopped by the time budget (max_time) in epoch 1, after step 15; {tmp_path / LAST} holds" in said
-    assert train(data_dir, tmp_path, 2, *budget, "--ckpt_path", "last") == [0, 0]
+    assert f"Stopped by the time budget (max_time) in epoch 1, after step {step}; {tmp_path / LAST} holds" in said
+    assert train(data_dir, tmp_path, 2, *budget, "--ckpt_path", "last", batch_size=50 // accumulate) == [0, 0]
     assert final(tmp_path)["global_step"] == 20
     assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-5
     assert samples(tmp_path, 1, 2) == list(range(1000))  # every sample of the epoch it stopped in, once

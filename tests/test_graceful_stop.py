@@ -160,3 +160,35 @@ def test_every_steps_loss_counts_and_no_step_waits_for_it(data_dir, tmp_path):
 
     with pytest.raises(UserError, match="by step 5 "):
         fit(data_dir, tmp_path, before=(NanOnce(),))
+
+
+def test_with_a_time_budget_every_callback_is_set_up_once_and_a_stop_without_a_checkpoint_is_lightnings(
+    data_dir, tmp_path
+):
+    """GracefulStop moves itself after Lightning's Timer as the Trainer sets the callbacks up: the ones after it are
+    set up all the same (the stall watchdog's thread starts there). With no checkpoint to keep the step, the budget's
+    end is Lightning's own: the fit ends."""
+
+    class SetUp(Callback):
+        calls = 0
+
+        def setup(self, trainer, pl_module, stage):
+            SetUp.calls += 1
+
+    class Spent(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 3:
+                trainer.should_stop = True  # as the Timer does when the budget is spent
+
+    trainer, stopped = fit(data_dir, tmp_path, SetUp(), max_time="00:01:00:00")
+    assert SetUp.calls == 1 and stopped is None
+    assert [type(c).__name__ for c in trainer.callbacks].index("GracefulStop") > [
+        type(c).__name__ for c in trainer.callbacks
+    ].index("Timer")
+    stop = GracefulStop(every_n_steps=5)  # no checkpoint
+    trainer = Trainer(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, max_epochs=2,
+        max_time="00:01:00:00", callbacks=[Spent(), stop], default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(SeqNet(), datamodule=MNISTDataModule(dataset="mnist", data_dir=str(data_dir), val_size=200))
+    assert trainer.global_step == 3 and trainer.state.status.value == "finished"

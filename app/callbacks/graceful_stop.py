@@ -54,7 +54,9 @@ class GracefulStop(Callback):
     each checkpoint is saved: `UserError` before one could hold it. A signal ignored at the start (SIGHUP under
     `nohup`) stays ignored; the handlers from before come back at the stage's end. The budget's end (Lightning's
     `Timer` sets `trainer.should_stop` at a step; this callback then runs after it) is kept as a signal is, mid-epoch
-    too; a continued run gets a budget of its own, not what is left of the one before (a chain of jobs).
+    too, at the end of an accumulated step; a continued run gets a budget of its own, not what is left of the one
+    before (a chain of jobs). Without a checkpoint to keep it, or before `min_epochs`/`min_steps`, the stop is
+    Lightning's.
     """
 
     def __init__(
@@ -82,8 +84,8 @@ class GracefulStop(Callback):
         timers = [index for index, callback in enumerate(trainer.callbacks) if isinstance(callback, Timer)]
         self._timed, self._asked = bool(timers), False
         if timers and trainer.callbacks.index(self) < timers[-1]:  # after the Timer: its stop is seen at its step
-            trainer.callbacks.remove(self)
-            trainer.callbacks.insert(timers[-1], self)
+            others = [callback for callback in trainer.callbacks if callback is not self]  # a new list: Lightning is
+            trainer.callbacks = [*others[: timers[-1]], self, *others[timers[-1] :]]  # going through the old one
 
     def _catch(self) -> None:
         """Handle the stop signals here, again after Lightning put its SIGTERM handler in (also at each loop start)."""
@@ -172,8 +174,14 @@ class GracefulStop(Callback):
         if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
             bad = ~torch.isfinite(loss.detach())
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-        if trainer.should_stop and not self._asked and self._timed:  # set by the Timer at this step (agreed by it)
-            self._check(trainer, spent=True)
+        if trainer.should_stop and not self._asked and self._timed and self._path():  # the Timer's, agreed by it
+            loop = trainer.fit_loop
+            if trainer.current_epoch < (loop.min_epochs or 0) or trainer.global_step < (loop.min_steps or 0):
+                pass  # Lightning trains on to the minimum it was given
+            elif trainer.global_step == self._step_seen:  # inside an accumulated step: stop at its end, whole
+                trainer.should_stop = False  # on every process alike; the Timer asks again after the next batch
+            else:
+                self._check(trainer, spent=True)
         if trainer.global_step != self._step_seen and trainer.global_step % self.every_n_steps == 0:
             self._check(trainer)
         self._step_seen = trainer.global_step
