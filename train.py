@@ -31,6 +31,9 @@ import warnings
 from argparse import ArgumentError
 from pathlib import Path
 
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while the libraries load: the end, by it (nothing written)
+
 import torch.distributed as dist
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -239,13 +242,13 @@ class TrainCLI(LightningCLI):
         best, metrics = self.config_init.fit.checkpoint.best_model_path, dict(self.trainer.callback_metrics)
         if self.config_init.fit.checkpoint.best_model_score is not None:  # the figure of the weights it names
             metrics = {self.config_init.fit.checkpoint.monitor: self.config_init.fit.checkpoint.best_model_score}
-        if self.test_after_fit and self.trainer.global_step > 0:
+        if self.test_after_fit and (best or self.trainer.global_step > 0):  # (ddp_spawn's steps: in its processes)
             if not best:  # no checkpoint (fast_dev_run, --trainer.enable_checkpointing false): as Lightning's test()
                 say("Testing the weights as the fit left them: it saved no best checkpoint.")
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, weights_only=True)
             metrics.update(self.trainer.callback_metrics)
         elif self.test_after_fit:
-            say("No test: the fit took no training step.")
+            say("No test: the fit saved no checkpoint and took no training step in this process.")
         self._summary(metrics, best)
 
     def after_validate(self) -> None:
@@ -276,6 +279,8 @@ def main(args: list[str] | None = None) -> None:
     """Run `train.py ARGS` and end as a shell expects: 0; 1 after a mistake or a bug; after a stop by a signal, by
     that signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops)."""
     args, status = list(sys.argv[1:] if args is None else args), 0
+    if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
     for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
         warnings.filterwarnings("ignore", message=noise)  # nothing a user of this program does or can change
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "litlogger" not in r.getMessage())

@@ -27,9 +27,11 @@ PROGRAM = Path(__file__).resolve().parents[1]
 
 
 class Trainer(LightningTrainer):
-    """Lightning's Trainer, whose `limit_*_batches` and `overfit_batches` take a whole number from the command line
-    as a number of batches, as `Trainer(limit_val_batches=1)` does (annotated `int | float`, the parser made
-    `--trainer.limit_val_batches 1` the fraction 1.0: every batch)."""
+    """Lightning's Trainer: a whole number given to a `limit_*_batches` option is a number of batches.
+
+    `limit_*_batches` and `overfit_batches` take a whole number from the command line as a number of batches, as
+    `Trainer(limit_val_batches=1)` does (annotated `int | float`, the parser made `--trainer.limit_val_batches 1` the
+    fraction 1.0: every batch)."""
 
     def __init__(
         self,

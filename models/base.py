@@ -25,8 +25,9 @@ class NormalisationUnknown(RuntimeError):
 
 
 class ImageClassifier(LightningModule):
-    """Base class of `SeqNet` and `ConvNet`: raw images in, logits out; subclasses build `self.net`, mapping
-    normalised (N, 1, 28, 28) images to logits.
+    """The networks' base class: raw images in, logits out.
+
+    Subclasses (`SeqNet`, `ConvNet`, one's own) build `self.net`, mapping normalised (N, 1, 28, 28) images to logits.
 
     The model takes images as the IDX files hold them, uint8 (N, 28, 28), and normalises them itself with the
     training set's mean and standard deviation (`pixel_mean`, `pixel_std`, of pixels scaled to [0, 1]). Left out,

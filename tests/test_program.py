@@ -161,3 +161,31 @@ def test_what_a_stop_or_an_error_says_stands_below_the_progress_bar(data_dir, tm
     screen = [line.rsplit("\r", 1)[-1] for line in result.stdout.replace("\r\n", "\n").split("\n")]  # as it stays
     lines = [line for line in screen if line.strip()]
     assert [line for line in lines if line.startswith(tuple(said))] == lines[-len(said) :], lines[-4:]
+
+
+def test_lightnings_ddp_spawn_strategy_trains_and_the_job_ends_well(data_dir, tmp_path):
+    result = run_train(*small_run(data_dir, tmp_path, "--trainer.strategy", "ddp_spawn", devices=2))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Finished: test/acc" in result.stdout
+
+
+def test_a_ctrl_c_while_the_libraries_load_ends_the_program_quietly_by_it():
+    """A Ctrl-C in the first seconds, as torch is imported (`-X importtime` says when): no traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "train.py", "--help"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **NO_NETWORK},
+    )
+    try:
+        for line in process.stderr:
+            if line.rstrip().endswith(("torch._utils", "torch.version")):  # inside torch's import
+                process.send_signal(signal.SIGINT)
+                break
+        rest = process.stderr.read()
+        assert process.wait(timeout=60) == -signal.SIGINT
+    finally:
+        process.kill()
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-2000:]

@@ -32,7 +32,8 @@ class GlobalBatchInfo(Callback):
         in_the_run = f", {int(total)} in the run" if math.isfinite(total) else ""
         say(
             f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes x"
-            f" {trainer.accumulate_grad_batches} accumulated; {lr}; {per_epoch} optimizer steps per epoch{in_the_run}."
+            f" {trainer.accumulate_grad_batches} accumulated; {lr}; {per_epoch} optimizer"
+            f" step{'s' * (per_epoch != 1)} per epoch{in_the_run}."
         )
         for logger in trainer.loggers:
             logger.log_metrics(

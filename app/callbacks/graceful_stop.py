@@ -33,9 +33,10 @@ class Stopped(Exception):
 
 
 class GracefulStop(Callback):
-    """Stop every process of the job at the same step on SIGTERM, Ctrl-C (SIGINT), a hang-up (SIGHUP), SLURM's
-    requeue signal, the end of the Trainer's time budget (`max_time`) or a training loss that became NaN or infinite,
-    and keep that step.
+    """Stop every process of the job at one step on a stop signal, the time budget's end or a diverged loss.
+
+    SIGTERM, Ctrl-C (SIGINT), a hang-up (SIGHUP), SLURM's requeue signal, the end of the Trainer's time budget
+    (`max_time`) or a training loss that became NaN or infinite: every process stops at the same step, which is kept.
 
     Args:
         every_n_steps: Optimizer steps between two checks, each one `strategy.reduce` of four flags (a stop signal,

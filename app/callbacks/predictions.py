@@ -16,8 +16,9 @@ COLUMNS = ["prediction", "class_name", "probability"]
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Write the predictions of a `predict` run to a CSV file, one row per input, in input order (columns:
-    docs/use-the-model.md).
+    """Write the predictions of a `predict` run to a CSV file, one row per input, in input order.
+
+    Its columns: docs/use-the-model.md.
 
     Args:
         path: The CSV file, or a folder to write `predictions.csv` in; by default the Trainer's log folder (a

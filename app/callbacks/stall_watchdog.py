@@ -19,10 +19,11 @@ from tqdm import tqdm
 
 
 class StallWatchdog(Callback):
-    """Name a process of the job that gave no sign of life for `timeout` seconds (frozen, its host hung or its
-    network cut), global rank 0 too, and a job whose processes all answer but none of which has finished a batch for
-    as long (where each one stands: stage, epoch, step); then end the job: each process that noticed exits with status
-    1.
+    """Name a process that gave no sign of life, or a job where none moves, and end the job.
+
+    A process of the job that gave no sign of life for `timeout` seconds (frozen, its host hung or its network cut),
+    global rank 0 too, and a job whose processes all answer but none of which has finished a batch for as long (where
+    each one stands: stage, epoch, step); then the job ends: each process that noticed exits with status 1.
 
     Args:
         timeout: Seconds without a sign of life, or without progress anywhere (0: off, and nothing runs: no thread,

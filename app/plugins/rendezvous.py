@@ -239,7 +239,8 @@ def wait_for_the_launched(strategy: Strategy) -> int:
     exit status when they have ended (a minute at most), one that failed failing it, one a signal stopped stopping
     it."""
     deadline = time.monotonic() + 60
-    for local_rank, process in enumerate(getattr(strategy.launcher, "procs", []), start=1):
+    launched = [p for p in getattr(strategy.launcher, "procs", []) if isinstance(p, subprocess.Popen)]  # ddp_spawn's:
+    for local_rank, process in enumerate(launched, start=1):  # joined by Lightning, which raised where one failed
         try:
             status = process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
