@@ -214,21 +214,30 @@ class TrainCLI(LightningCLI):
         """Refuse before anything is written: a folder that cannot be written, an evaluation of untrained weights."""
         if self.logger is not None and rank() == 0:  # the process that writes
             continued = self.start.run if self.start and self.start.continues else None
-            folder = continued / "checkpoints" if continued else self.logger.root_dir
-            beside = self.subcommand != "fit" and self.start is not None and self.start.run is not None
-            how = "Logs go beside the run evaluated: copy its checkpoint to a file, give that and a folder of yours"
-            named = f"--ckpt_path {self.named}" if continued else "--trainer.default_root_dir"
-            check_writable(named, folder, how if beside else "")
+            option, how = f"--trainer.default_root_dir {self.trainer.default_root_dir}", ""
+            if continued:  # another's run, say
+                option, how = (
+                    f"--ckpt_path {self.named}",
+                    f"Start a new run from its weights (--model.weights {self.start.checkpoint})",
+                )
+            elif self.subcommand != "fit" and self.start is not None and self.start.run is not None:
+                how = "Logs go beside the run evaluated: copy its checkpoint to a file, give that and a folder of yours"
+                option = f"--ckpt_path {self.named}"
+            check_writable(option, continued / "checkpoints" if continued else self.logger.root_dir, how)
         for callback in self.trainer.checkpoint_callbacks if self.subcommand == "fit" and rank() == 0 else []:
             if callback.dirpath and "://" not in str(callback.dirpath):  # given, on this machine
-                check_writable("--checkpoint.dirpath", Path(callback.dirpath))
+                check_writable(f"--checkpoint.dirpath {callback.dirpath}", callback.dirpath)
         if self.subcommand != "fit" and self.named is None:
             raise UserError(
                 f"{self.subcommand} needs trained weights: add --ckpt_path last (the newest run of this"
                 " model and dataset), a run's folder, or a checkpoint file."
             )
-        if self.subcommand != "fit" and self.start is not None:
-            say(f"--ckpt_path {self.named}: {self.start.where}.")
+        if self.subcommand != "fit" and self.start is not None:  # the file it reads, where another name was typed
+            say(
+                f"--ckpt_path {self.start.where}."
+                if Path(self.named) == self.start.checkpoint
+                else f"--ckpt_path {self.named}: {self.start.where}."
+            )
 
     before_validate = before_test = before_predict = _before_the_stage
 

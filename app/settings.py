@@ -151,18 +151,18 @@ def check(trainer: dict, seed: object) -> None:
 
 
 def check_writable(option: str, folder: str | Path, how: str = "") -> None:
-    """One line saying why `folder` cannot be made or written, if it cannot, and `how` to do without; nothing is
-    created."""
+    """One line saying why `folder`, where `option` (as typed: `--trainer.default_root_dir runs`) writes, cannot be
+    made or written, if it cannot, and `how` to do without; nothing is created."""
     folder = Path(folder)
     existing = next(path for path in (folder, *folder.parents) if path.exists() or path == path.parent)
+    if not existing.is_dir():
+        raise UserError(f"{option}: {existing} is a file, where a folder is needed. Move it, or choose another folder.")
     try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "a file stands where a folder is needed", str(existing))
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise UserError(
-            f"{option} {folder}: cannot write {existing} ({error.strerror})."
+            f"{option}: cannot write {existing} ({error.strerror})."
             f" {how or 'Choose a folder you can write to'}, or ask its owner to let you."
         ) from error
 

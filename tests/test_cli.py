@@ -204,9 +204,16 @@ def test_a_folder_that_cannot_be_written_ends_in_one_line_before_anything(data_d
     finally:
         if folder.is_dir():
             folder.chmod(0o700)
-    option = "--checkpoint.dirpath" if more else "--trainer.default_root_dir"
-    assert line.startswith(f"error: {option} {folder}: cannot write"), line
-    assert "Choose a folder you can write to, or ask its owner to let you." in line
+    typed = f"--checkpoint.dirpath {folder}" if more else f"--trainer.default_root_dir {root}"  # as typed
+    if what == "another user's folder":
+        assert line.startswith(f"error: {typed}: cannot write {folder} (Permission denied)."), line
+        assert line.endswith("Choose a folder you can write to, or ask its owner to let you."), line
+    else:
+        in_the_way = {"a file": root, "checkpoints": tmp_path / "shared"}.get(what, folder)
+        assert (
+            line
+            == f"error: {typed}: {in_the_way} is a file, where a folder is needed. Move it, or choose another folder."
+        )
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
