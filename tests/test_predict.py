@@ -67,7 +67,7 @@ def test_test_and_predict_of_a_runs_checkpoint_on_two_processes_write_beside_tha
         lines = result.stdout.strip().splitlines()
         assert lines[-1] == last_line, lines[-3:]  # the last line says where
         assert "dirpath has changed" not in result.stderr
-        said = f"--ckpt_path {run / 'checkpoints' / best.name}: {run / 'checkpoints' / best.name} (step "
+        said = f"--ckpt_path {run / 'checkpoints' / best.name} (step "
         assert said in result.stdout + result.stderr  # which weights, once, in this program's words
     assert list((run / "test" / "version_0").glob("events.out.tfevents.*"))
     assert [path.name for path in (run / "predict").iterdir()] == ["version_0"]  # rank 1 claimed none
