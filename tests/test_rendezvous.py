@@ -14,7 +14,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from app.console import UserError
 from app.plugins.rendezvous import RendezvousDDPStrategy
-from tests.helpers import ended, free_port, job, small_run, wait_for
+from tests.helpers import ended, free_port, job, run_train, small_run, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +136,9 @@ def test_a_mistake_before_the_meeting_is_said_by_each_node(data_dir, tmp_path):
     mistake = "--trainer.max_epoch: no such option; did you mean --trainer.max_epochs?"
     assert f"error: {mistake}" in log(tmp_path, 0).splitlines()
     assert re.search(rf"^error \(node 1 on [^)]+\): {re.escape(mistake)}$", log(tmp_path, 1), re.M), log(tmp_path, 1)
+
+
+def test_lightnings_ddp_spawn_strategy_trains_and_the_job_ends_well(data_dir, tmp_path):
+    result = run_train(*small_run(data_dir, tmp_path, "--trainer.strategy", "ddp_spawn", devices=2))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Finished: test/acc" in result.stdout
