@@ -30,6 +30,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # The longest files first: pytest-xdist hands out whole files in the order of collection, and a long file handed out
 # last keeps one worker busy after the others are done.
 LONGEST_FIRST = [
+    "test_slurm",  # where SLURM is (a minute for one test); skipped elsewhere
     "test_multinode",
     "test_program",
     "test_elastic",
