@@ -143,7 +143,7 @@ class TrainCLI(LightningCLI):
         except ArgumentError as error:  # the deepest line, and the closest of the subcommand's options
             subcommand = self.chosen or "fit"
             options = options_of(yaml.safe_load(parser.dump(parser.parse_args([subcommand])))[subcommand])
-            raise UserError(parser_line(str(error), list(options), args), every_process=True) from None
+            raise UserError(parser_line(str(error), list(options), args, subcommand), every_process=True) from None
 
     def _dumped(self, subcommand: str) -> dict:
         return yaml.safe_load(self.parser.dump(self.config, skip_unset=False))[subcommand]

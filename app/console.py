@@ -218,10 +218,10 @@ def older_options(args: list[str]) -> list[str]:
     return [option for option in dict.fromkeys(found) if option.startswith("--") and older_name(option)]
 
 
-def parser_line(message: str, options: list[str], args: list[str] = ()) -> str:
+def parser_line(message: str, options: list[str], args: list[str] = (), subcommand: str = "fit") -> str:
     """jsonargparse's error `message` as one line: the option, its value and the deepest cause; an unknown option
-    with today's name of a Lightning 1.x one, or the closest of `options` (`--trainer.max_epochs`); `args`: the
-    command line, where a value the message leaves out was typed."""
+    with today's name of a Lightning 1.x one, or the closest of `options` (`--trainer.max_epochs`, else the help of
+    `subcommand`); `args`: the command line, where a value the message leaves out was typed."""
     unknown = re.search(
         r"unrecognized arguments: (\S+)|does not accept option '([^']+)'|Option '([^']+)' is not", message
     )
@@ -234,7 +234,6 @@ def parser_line(message: str, options: list[str], args: list[str] = ()) -> str:
             today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
             are = "are options" if olders[1:] else "is an option"
             return f"{', '.join(olders)} {are} of Lightning 1.x; today: {today}."
-        subcommand = next((a for a in args if a in ("fit", "validate", "test", "predict")), "fit")
         return f"{option}: no such option{_closest(option, options, subcommand)}"
     lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
     causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]

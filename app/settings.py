@@ -52,15 +52,18 @@ class Trainer(LightningTrainer):
         super().__init__(*args, **limits, overfit_batches=overfit_batches, **kwargs)
 
 
-# What --ckpt_path means here (docs/run-folder.md), in place of Lightning's text for `Trainer.fit(ckpt_path=...)`.
-CKPT_PATH = {
-    "fit": "The run to continue, in its folder and with its settings: last (the newest run of this --model and"
+# What --ckpt_path means here (docs/run-folder.md), in place of Lightning's text for `Trainer.fit(ckpt_path=...)`: to
+# fit, and to evaluate (validate, test, predict).
+FIT_CKPT_PATH = (
+    "The run to continue, in its folder and with its settings: last (the newest run of this --model and"
     " --data.dataset under --trainer.default_root_dir; a new run if there is none), a run's folder"
-    " (runs/SeqNet-mnist/version_0), or a checkpoint file (a new run from its weights and step). None: a new run.",
-    "": "The trained weights ({}): last (the newest run of this --model and --data.dataset under"
+    " (runs/SeqNet-mnist/version_0), or a checkpoint file (a new run from its weights and step). None: a new run."
+)
+EVALUATED_CKPT_PATH = (
+    "The trained weights (required: what to {}): last (the newest run of this --model and --data.dataset under"
     " --trainer.default_root_dir), a run's folder (runs/SeqNet-mnist/version_0: its checkpoints/last.ckpt), or a"
-    " checkpoint file.",
-}
+    " checkpoint file."
+)
 
 
 class Parser(LightningArgumentParser):
@@ -70,7 +73,7 @@ class Parser(LightningArgumentParser):
         added = super().add_method_arguments(
             class_type, method_name, *args, skip={*(skip or ()), "ckpt_path"}, **kwargs
         )
-        what = CKPT_PATH.get(method_name, CKPT_PATH[""].format(f"required: what to {method_name}"))
+        what = FIT_CKPT_PATH if method_name == "fit" else EVALUATED_CKPT_PATH.format(method_name)
         self.add_argument("--ckpt_path", type=str | None, default=None, help=what)
         return [*added, "ckpt_path"]
 

@@ -69,6 +69,10 @@ def test_help_describes_this_program_every_subcommand_and_what_its_ckpt_path_mea
         (["--epochs", "3"], "error: --epochs: no such option; did you mean --trainer.max_epochs?"),
         (["--lr", "0.1"], "error: --lr: no such option; did you mean --model.optimizer.lr?"),
         (["--frobnicate", "1"], "error: --frobnicate: no such option. train.py fit --help lists every option."),
+        (  # a folder named like a subcommand is no subcommand
+            ["--trainer.default_root_dir", "test", "--frobnicate", "1"],
+            "error: --frobnicate: no such option. train.py fit --help lists every option.",
+        ),
         (["--model.widht", "3"], "error: --model.widht: no such option"),
         (
             ["--trainer.gpus", "2"],
