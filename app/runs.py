@@ -9,7 +9,7 @@ import itertools
 import os
 import re
 import shutil
-import weakref
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch.utils.tensorboard.summary import hparams
 from typing_extensions import override
 
@@ -71,6 +71,7 @@ class Start:
     evaluates), with `settings`: the defaults it brings (a continued run's newest record, else the checkpoint's own
     model and data settings)."""
 
+    named: str  # as typed
     checkpoint: Path
     contents: dict
     run: Path | None
@@ -97,11 +98,22 @@ class Start:
         place = f"{self.run}, from {self.checkpoint.relative_to(self.run)}" if self.continues else str(self.checkpoint)
         return f"{place} (step {self.contents.get('global_step', 0)}, epoch {self.contents.get('epoch', 0)})"
 
+    def say(self, subcommand: str) -> None:
+        """Say what the command starts from: the run it continues, the weights a new run or an evaluation takes."""
+        how = ("continuing " if self.continues else "a new run from ") if subcommand == "fit" else ""
+        named = "" if subcommand != "fit" and Path(self.named) == self.checkpoint else f" {self.named}:"
+        rank_zero_info(f"--ckpt_path{named} {how}{self.where}.")
+
 
 def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only: bool = True) -> Start | None:
     """The checkpoint `--ckpt_path` names, read (as data only, unless not `weights_only`) and checked; None for none,
     for a URL (Lightning reads it), and for `fit --ckpt_path last` with no run to
     continue (a new run starts)."""
+    if ckpt_path is None and subcommand != "fit":
+        raise UserError(
+            f"{subcommand} needs trained weights: add --ckpt_path last (the newest run of this model and dataset), a"
+            " run's folder, or a checkpoint file."
+        )
     if ckpt_path is None or "://" in ckpt_path:  # a URL: Lightning reads it
         return None
     lightnings = ckpt_path in ("best", "hpc") or ckpt_path.lower().partition(":")[0] == "registry"  # its names
@@ -113,6 +125,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
     run = newest_run(runs) if ckpt_path == "last" else Path(ckpt_path)
     if run is None:
         if subcommand == "fit":
+            rank_zero_info(f"--ckpt_path last: nothing to continue under {runs.parent}, starting a new run.")
             return None
         raise UserError(
             f"--ckpt_path last: no run in {runs} holds a last checkpoint. Train one first, or give"
@@ -134,11 +147,11 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
                 )
             for key in ("ckpt_path", "config", "weights_only"):
                 settings.pop(key, None)
-            return Start(checkpoint, contents, run, settings, continues=True)
-        return Start(checkpoint, contents, run, checkpoint_settings(contents), continues=subcommand == "fit")
+            return Start(ckpt_path, checkpoint, contents, run, settings, continues=True)
+        return Start(ckpt_path, checkpoint, contents, run, checkpoint_settings(contents), subcommand == "fit")
     contents = read_checkpoint(run, weights_only)
     in_a_run = run.parent.name == CHECKPOINTS and records(run.parent.parent)
-    return Start(run, contents, run.parent.parent if in_a_run else None, checkpoint_settings(contents))
+    return Start(ckpt_path, run, contents, run.parent.parent if in_a_run else None, checkpoint_settings(contents))
 
 
 def checkpoint_settings(contents: dict) -> dict:
@@ -152,6 +165,51 @@ def checkpoint_settings(contents: dict) -> dict:
     return settings
 
 
+def check_writable(option: str, folder: str | Path, how: str = "") -> None:
+    """One line saying why `folder`, where `option` (as typed: `--trainer.default_root_dir runs`) writes, cannot be
+    made or written, if it cannot, and `how` to do without; nothing is created."""
+    folder = Path(folder)
+    existing = next(path for path in (folder, *folder.parents) if path.exists() or path == path.parent)
+    if not existing.is_dir():
+        raise UserError(f"{option}: {existing} is a file, where a folder is needed. Move it, or choose another folder.")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise UserError(
+            f"{option}: cannot write {existing} ({error.strerror})."
+            f" {how or 'Choose a folder you can write to'}, or ask its owner to let you."
+        ) from error
+
+
+def run_logger(start: Start | None, subcommand: str, runs: Path) -> "RunLogger":
+    """Where a command writes: the run it continues, a new `version_N` of `runs` (the model's runs on its dataset),
+    or for an evaluation `<run>/<stage>/version_N` beside the run whose checkpoint it evaluates."""
+    if start is not None and start.continues:
+        return RunLogger(start.run.parent.parent, start.run.parent.name, version=start.run.name)
+    if subcommand == "fit":
+        return RunLogger(runs.parent, runs.name)
+    return RunLogger(start.run if start is not None and start.run is not None else runs, subcommand)
+
+
+def check_folders(trainer, start: Start | None, subcommand: str) -> None:
+    """Refuse in one line, before anything is written, a folder the command would write into and cannot: the root of
+    its run (a continued run's checkpoints; for an evaluation of a run's checkpoint, that run), and a fit's
+    checkpoint folders."""
+    logger = next((logger for logger in trainer.loggers if isinstance(logger, RunLogger)), None)
+    if logger is not None and start is not None and start.continues:  # another's run, say
+        how = f"Start a new run from its weights (--model.weights {start.checkpoint})"
+        check_writable(f"--ckpt_path {start.named}", start.run / CHECKPOINTS, how)
+    elif logger is not None and start is not None and start.run is not None and subcommand != "fit":
+        how = "Logs go beside the run evaluated: copy its checkpoint to a file, give that and a folder of yours"
+        check_writable(f"--ckpt_path {start.named}", logger.root_dir, how)
+    elif logger is not None:
+        check_writable(f"--trainer.default_root_dir {trainer.default_root_dir}", logger.root_dir)
+    for callback in trainer.checkpoint_callbacks if subcommand == "fit" else []:
+        if callback.dirpath and "://" not in str(callback.dirpath):  # given, on this machine
+            check_writable(f"--checkpoint.dirpath {callback.dirpath}", callback.dirpath)
+
+
 class RunLogger(TensorBoardLogger):
     """Lightning's TensorBoard logger in a run folder that nothing overwrites.
 
@@ -162,15 +220,22 @@ class RunLogger(TensorBoardLogger):
         version: The name of a run it continues (`version_3`) instead.
         **kwargs: `TensorBoardLogger`'s.
 
-    Global rank 0 holds the folder (`flock`) while it runs: another process that would continue it is refused. A
-    command that fails or stops before it saved a checkpoint or a prediction takes back what it wrote. The HPARAMS
-    tab has the run's metrics as columns; Lightning's own scalars (epoch, learning rates) go under `workload/`.
+    Global rank 0 holds the folder (`flock`) while a stage runs, from the moment Lightning first asks for the
+    version (the stage's start) to the logger's `finalize` at its end: another process that would continue it is
+    refused. A command that fails or stops before it saved a checkpoint or a prediction takes back what it wrote.
+    The HPARAMS tab has the run's metrics as columns; Lightning's own scalars (epoch, learning rates) go under
+    `workload/`.
+
+    Example::
+
+        trainer = Trainer(logger=RunLogger("runs", "my-model"))  # runs/my-model/version_0, then version_1, ...
     """
 
     def __init__(self, save_dir: str, name: str, version: str | None = None, **kwargs: Any) -> None:
         super().__init__(save_dir, name=name, version=version, default_hp_metric=False, **kwargs)
         self.continues = version is not None
-        self.folder: Path | None = None  # global rank 0's, once held
+        self.folder: Path | None = None  # global rank 0's, once claimed
+        self._lock: int | None = None  # the folder's, while a stage runs
         self._before: dict[Path, int] = {}  # what the folder held when this command took it, and when
         self._made = [path for path in (Path(self.root_dir), *Path(self.root_dir).parents) if not path.exists()]
         self._trained = self._tab = False  # training logged a step; the HPARAMS table is written
@@ -178,18 +243,18 @@ class RunLogger(TensorBoardLogger):
     @property
     @override
     def version(self) -> int | str | None:
-        if self.folder is None and rank_zero_only.rank == 0:
-            self.folder = self._hold()
+        if self._lock is None and rank_zero_only.rank == 0:
+            self._hold()
         name = self.folder.name if self.folder is not None else super().version if self.continues else None
         number = VERSION.fullmatch(name or "")
         return int(number.group(1)) if number else name
 
-    def _hold(self) -> Path:
-        parent = Path(self.root_dir)
+    def _hold(self) -> None:
+        parent, folder = Path(self.root_dir), self.folder
         try:
-            if self.continues:
+            if folder is None and self.continues:
                 folder = parent / str(super().version)
-            else:
+            elif folder is None:
                 parent.mkdir(parents=True, exist_ok=True)
                 for number in itertools.count(max(versions(parent), default=-1) + 1):  # mkdir: one process wins each
                     with contextlib.suppress(FileExistsError):
@@ -210,16 +275,17 @@ class RunLogger(TensorBoardLogger):
                     f"{folder} is being trained by another process right now (it holds the run's lock):"
                     " wait for it to end, or start a new run."
                 ) from error
-        self._release = weakref.finalize(self, os.close, lock)  # at the end of the stage, or of the process
-        self._before = {path: path.stat().st_mtime_ns for path in folder.rglob("*")}
-        return folder
+        if self.folder is None:  # what the folder held when this command took it
+            self._before = {path: path.stat().st_mtime_ns for path in folder.rglob("*")}
+        self.folder, self._lock = folder, lock
 
     @override
     @rank_zero_only
     def finalize(self, status: str) -> None:
         super().finalize(status)
-        if self.folder is not None:
-            self._release()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
         if status != "failed" or self.folder is None or self._trained:
             return
         if any(p.stat().st_mtime_ns != self._before.get(p) for p in self.folder.rglob("*") if p.suffix in KEPT):

@@ -1,29 +1,39 @@
-"""What train.py's command line settles that Lightning leaves open: a whole number of batches read as batches, the
-processes a launcher started, and the values Lightning takes unchecked."""
+"""What train.py's command line settles that Lightning leaves open: a whole number of batches read as batches, what
+--ckpt_path means here, the names of Lightning 1.x, the parser's error as one line, and the values Lightning takes
+unchecked."""
 
-import hashlib
+import contextlib
+import difflib
 import os
 import re
-import tempfile
-import time
+from collections.abc import Iterable
 from pathlib import Path
 
-import torch
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+import yaml
 from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.strategies import StrategyRegistry
 
-from app.console import OLDER_VALUES, UserError, options_of, say
+from app.console import UserError, options_of
+from app.launch import launcher_shape
 
-# What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
-# fmt: off
-PER_NODE = ("--ckpt_path", "--config", "--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes",
-            "--trainer.enable_progress_bar", "--data.data_dir", "--data.num_workers", "--data.pin_memory",
-            "--checkpoint.dirpath", "--last_checkpoint.dirpath", "--predictions.path")
-# fmt: on
-PROGRAM = Path(__file__).resolve().parents[1]
+
+def command_line(args: list[str], subcommands: Iterable[str]) -> tuple[list[str], str | None, list[str]]:
+    """LightningCLI's arguments for `train.py ARGS`, the subcommand named, and the shortcuts as typed: `--devices N`
+    and `--num_nodes N` anywhere are the Trainer's options; where no subcommand follows the options LightningCLI takes
+    before one (`--config FILE`), `fit` goes in front (fit, then test)."""
+    shortcuts, rest, tokens = [], [], iter(args)
+    for token in tokens:
+        name, given, value = token.partition("=")
+        shortcuts += [name, value if given else next(tokens, "")] if name in ("--devices", "--num_nodes") else []
+        rest += [] if name in ("--devices", "--num_nodes") else [token]
+    at = 0
+    while at < len(rest) and rest[at].partition("=")[0] in ("-c", "--config"):
+        at += 1 if "=" in rest[at] else 2
+    named = rest[at] if at < len(rest) and rest[at] in subcommands else None
+    trainer = [f"--trainer.{name[2:]}={value}" for name, value in zip(shortcuts[::2], shortcuts[1::2], strict=True)]
+    return (rest if named else ["fit", *rest]) + trainer, named, shortcuts
 
 
 class Trainer(LightningTrainer):
@@ -78,51 +88,119 @@ class Parser(LightningArgumentParser):
         return [*added, "ckpt_path"]
 
 
-def launcher_shape(kubeflow: bool = False) -> dict | None:
-    """The processes per node and the nodes torchrun, SLURM or a PyTorchJob started (an elastic torchrun job's change
-    with each restart), and how many times torchrun restarts a failed job; None where Lightning's launcher starts
-    them. `kubeflow`: the Trainer was given Lightning's KubeflowEnvironment (which cannot be detected)."""
-    env = os.environ
-    if TorchElasticEnvironment.detect():
-        devices, restarts = int(env["LOCAL_WORLD_SIZE"]), int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-        nodes = int(env["WORLD_SIZE"]) // devices
-        return {"launcher": "torchrun", "devices": devices, "num_nodes": nodes, "restarts": restarts}
-    if SLURMEnvironment.detect():
-        nodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
-        devices = int(str(env.get("SLURM_NTASKS_PER_NODE", int(env["SLURM_NTASKS"]) // nodes)).split("(")[0])
-        return {"launcher": "SLURM", "devices": devices, "num_nodes": nodes, "restarts": 0}
-    if kubeflow:  # a PyTorchJob: one process a pod
-        return {"launcher": "the PyTorchJob", "devices": 1, "num_nodes": int(env["WORLD_SIZE"]), "restarts": 0}
-    return None
+# Options of Lightning 1.x (0.10 to 1.9) a config or command line may still hold, and how to say the same today: the
+# Trainer's by their name, ModelCheckpoint's (--checkpoint, --last_checkpoint) as `checkpoint.NAME`.
+OLDER_NAMES = {
+    "gpus": "--trainer.devices N with --trainer.accelerator gpu",
+    "tpu_cores": "--trainer.devices N with --trainer.accelerator tpu",
+    "ipus": "nothing: Graphcore IPUs went with Lightning 2.0 (lightning-graphcore)",
+    "hpus": "nothing here: Intel Gaudi (HPU) training went to the lightning-habana package",
+    "num_processes": "--trainer.devices N (processes on the CPU with --trainer.accelerator cpu)",
+    "auto_select_gpus": "--trainer.devices auto",
+    "distributed_backend": "--trainer.strategy (ddp)",
+    "resume_from_checkpoint": "--ckpt_path (a file, a run's folder, or last)",
+    "checkpoint_callback": "--trainer.enable_checkpointing",
+    "weights_summary": "--trainer.enable_model_summary",
+    "progress_bar_refresh_rate": "--trainer.enable_progress_bar",
+    "process_position": "a TQDMProgressBar in --trainer.callbacks",
+    "weights_save_path": "--checkpoint.dirpath, or --trainer.default_root_dir",
+    "replace_sampler_ddp": "--trainer.use_distributed_sampler",
+    "reload_dataloaders_every_epoch": "--trainer.reload_dataloaders_every_n_epochs 1",
+    "amp_backend": "--trainer.precision 16-mixed",
+    "amp_level": "--trainer.precision 16-mixed",
+    "terminate_on_nan": "nothing: a NaN or infinite loss stops every process here (--stop)",
+    "stochastic_weight_avg": "a StochasticWeightAveraging in --trainer.callbacks",
+    "log_gpu_memory": "a DeviceStatsMonitor in --trainer.callbacks",
+    "track_grad_norm": "--trainer.gradient_clip_val, or a callback logging lightning.pytorch.utilities.grad_norm",
+    "flush_logs_every_n_steps": "nothing: the logger flushes on its own",
+    "log_save_interval": "nothing: the logger flushes on its own",
+    "row_log_interval": "--trainer.log_every_n_steps",
+    "auto_lr_find": "Lightning's Tuner.lr_find, outside the command line",
+    "auto_scale_batch_size": "Lightning's Tuner.scale_batch_size, outside the command line",
+    "move_metrics_to_cpu": "nothing: it went with Lightning 2.0",
+    "multiple_trainloader_mode": "nothing: it went with Lightning 2.0",
+    "truncated_bptt_steps": "nothing: it went with Lightning 2.0",
+    "enable_pl_optimizer": "nothing: it went with Lightning 1.3",
+    "automatic_optimization": "nothing: the model's automatic_optimization attribute (True here)",
+    "prepare_data_per_node": "nothing: it is the datamodule's attribute now",
+    "checkpoint.period": "--checkpoint.every_n_epochs",
+    "checkpoint.every_n_val_epochs": "--checkpoint.every_n_epochs",
+    "checkpoint.filepath": "--checkpoint.dirpath and --checkpoint.filename",
+    "checkpoint.prefix": "--checkpoint.filename",
+}
+# Values of Lightning 1.x for an accelerator or a strategy, and today's.
+OLDER_VALUES = {
+    **dict.fromkeys(("ddp", "ddp_spawn", "dp", "ddp2", "horovod"), "--trainer.strategy ddp"),
+    "ddp_cpu": "--trainer.strategy ddp with --trainer.accelerator cpu",
+    **dict.fromkeys(
+        ("ddp_sharded", "ddp_sharded_spawn", "ddp_fully_sharded", "fsdp_native"), "--trainer.strategy fsdp"
+    ),
+}
 
 
-def shared(settings: dict, subcommand: str, starts_from: object) -> dict:
-    """What every node of a job must agree on: the command's `settings` but where each node keeps and loads its files
-    (`PER_NODE`), the subcommand, the program's own code, and the checkpoint it starts from."""
-    program = hashlib.sha256()
-    for path in sorted(p for folder in ("app", "models", "datamodules") for p in (PROGRAM / folder).rglob("*.py")):
-        program.update(path.read_bytes())
-    program.update((PROGRAM / "train.py").read_bytes())
-    options = {key: value for key, value in options_of(settings).items() if not key.startswith(PER_NODE)}
-    return {**options, "--subcommand": subcommand, "--program": program.hexdigest()[:12], "--starts_from": starts_from}
+def older_name(option: str) -> str | None:
+    """Today's way to say what `option` of Lightning 1.x said (`--trainer.gpus`), or None for an option of today."""
+    section, _, name = option.lstrip("-").rpartition(".")
+    if section in ("checkpoint", "last_checkpoint"):  # the same class's options
+        return (OLDER_NAMES.get(f"checkpoint.{name}") or "").replace("--checkpoint.", f"--{section}.") or None
+    return OLDER_NAMES.get(name) if section in ("", "trainer") else None
 
 
-def settle_shape(trainer, stop, kubeflow: bool) -> None:
-    """Under torchrun, SLURM or a PyTorchJob, the Trainer's `devices` and `num_nodes` are what the launcher started
-    (said where the command gave others: an elastic job's change with each restart), and a job torchrun restarts
-    saves last.ckpt every minute (unless `stop.save_every_s` is given)."""
-    shape = launcher_shape(kubeflow)
-    if shape is None:
-        return
-    given = {key: trainer[key] for key in ("devices", "num_nodes")}
-    if any(str(given[key]) not in ("auto", "-1", "1", str(shape[key])) for key in given):
-        say(
-            f"{shape['launcher']} started {shape['num_nodes']} node(s) x {shape['devices']} process(es): training on"
-            f" those, not --devices {given['devices']} --num_nodes {given['num_nodes']}."
-        )
-    trainer.devices, trainer.num_nodes = shape["devices"], shape["num_nodes"]
-    if shape["restarts"] and stop.save_every_s is None:
-        stop.save_every_s = 60.0
+def older_options(args: list[str]) -> list[str]:
+    """The options of Lightning 1.x on the command line `args` and in the config files it names, in order."""
+    found = []
+    for index, arg in enumerate(args):
+        name, has_value, value = arg.partition("=")
+        if name in ("-c", "--config"):
+            with contextlib.suppress(OSError, yaml.YAMLError, IndexError):
+                settings = yaml.safe_load(Path(value if has_value else args[index + 1]).read_text())
+                found += options_of(settings) if isinstance(settings, dict) else []
+        found.append(name)
+    return [option for option in dict.fromkeys(found) if option.startswith("--") and older_name(option)]
+
+
+def parser_line(message: str, options: list[str], args: list[str] = (), subcommand: str = "fit") -> str:
+    """jsonargparse's error `message` as one line: the option, its value and the deepest cause; an unknown option
+    with today's name of a Lightning 1.x one, or the closest of `options` (`--trainer.max_epochs`, else the help of
+    `subcommand`); `args`: the command line, where a value the message leaves out was typed."""
+    unknown = re.search(
+        r"unrecognized arguments: (\S+)|does not accept option '([^']+)'|Option '([^']+)' is not", message
+    )
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    if unknown:
+        name = next(group for group in unknown.groups() if group).lstrip("-").split("=")[0]
+        option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
+        if older_name(option):  # each of the command's, at once
+            olders = [option, *(o for o in older_options(list(args)) if o != option)]
+            today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
+            are = "are options" if olders[1:] else "is an option"
+            return f"{', '.join(olders)} {are} of Lightning 1.x; today: {today}."
+        return f"{option}: no such option{_closest(option, options, subcommand)}"
+    lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
+    causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]
+    deepest = max(causes, key=lambda line: len(line) - len(line.lstrip())).strip().lstrip("- ")
+    given = re.findall(r"^( *)Given value: (.*?)(?:\. Got value.*)?$", message, re.MULTILINE)
+    value = max(given, key=lambda found: len(found[0]))[1] if given else ""
+    option = f"--{'.'.join(keys)}"
+    if not value or value.startswith(("NestedArg", "{", "Namespace")):  # as typed, where it was
+        typed = [
+            b if a == option else a.partition("=")[2]
+            for a, b in zip(args, [*args[1:], ""], strict=True)
+            if a == option or a.startswith(f"{option}=")
+        ]
+        value = typed[-1] if typed else ""
+    deepest = re.sub(r'^Parser key "[^"]+": ', "", deepest)
+    return f"{option}{f' {value}' if value else ''}: {deepest}" if keys else " ".join(message.split())
+
+
+def _closest(option: str, options: list[str], subcommand: str) -> str:
+    """`; did you mean --trainer.max_epochs?` for the closest option by its whole name or its last part, or `.`."""
+    last = {candidate.rsplit(".", 1)[-1].lstrip("-"): candidate for candidate in options}
+    close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
+    close = close or [
+        last[name] for name in difflib.get_close_matches(option.rsplit(".", 1)[-1].lstrip("-"), last, n=1)
+    ]
+    return f"; did you mean {close[0]}?" if close else f". train.py {subcommand} --help lists every option."
 
 
 def check(trainer: dict, seed: object) -> None:
@@ -151,53 +229,3 @@ def check(trainer: dict, seed: object) -> None:
             f"NODE_RANK {node_rank}: each of the --num_nodes {nodes} nodes takes its own NODE_RANK, from 0"
             f" to {nodes - 1}."
         )
-
-
-def check_writable(option: str, folder: str | Path, how: str = "") -> None:
-    """One line saying why `folder`, where `option` (as typed: `--trainer.default_root_dir runs`) writes, cannot be
-    made or written, if it cannot, and `how` to do without; nothing is created."""
-    folder = Path(folder)
-    existing = next(path for path in (folder, *folder.parents) if path.exists() or path == path.parent)
-    if not existing.is_dir():
-        raise UserError(f"{option}: {existing} is a file, where a folder is needed. Move it, or choose another folder.")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        raise UserError(
-            f"{option}: cannot write {existing} ({error.strerror})."
-            f" {how or 'Choose a folder you can write to'}, or ask its owner to let you."
-        ) from error
-
-
-def cpu_threads() -> str:
-    """One thread for a process training alone on the CPU where other work keeps half its cores or more busy (torch's
-    thread per core then waits at every operation: 1.9-2x slower, docs/speed.md), unless OMP_NUM_THREADS is set; what
-    it has, in words."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    others = 0.0 if "OMP_NUM_THREADS" in os.environ else busy_cores()
-    if others < cores / 2:
-        return f"{cores} cores"
-    os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts
-    torch.set_num_threads(1)
-    return f"{cores} cores, {others:.1f} of them busy with other work: 1 thread"
-
-
-def busy_cores(seconds: float = 0.1) -> float:
-    """How many of the cores this process may use other processes keep busy now: measured from /proc/stat while this
-    process sleeps `seconds` (elsewhere the load average, which counts this program's own last run for a minute)."""
-    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-
-    def times() -> list[list[int]]:  # user nice system idle iowait irq softirq, of each core of ours
-        with open("/proc/stat") as stat:
-            rows = [line.split() for line in stat if re.match(r"cpu\d", line)]
-        return [[int(n) for n in row[1:8]] for row in rows if mine is None or int(row[0][3:]) in mine]
-
-    try:
-        before = times()
-        time.sleep(seconds)
-        spent = [[b - a for a, b in zip(*core, strict=True)] for core in zip(before, times(), strict=True)]
-    except (OSError, ValueError):
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    busy = sum(sum(core) - core[3] - core[4] for core in spent)
-    return len(spent) * busy / max(sum(sum(core) for core in spent), 1)

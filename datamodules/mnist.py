@@ -20,13 +20,14 @@ from jsonargparse.typing import NonNegativeInt, PositiveInt, register_type
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import MNIST, FashionMNIST
 
-from app.console import UserError, say
 from datamodules.images import mnist_pixels
 from datamodules.sampler import ResumableDistributedSampler
 
@@ -97,8 +98,9 @@ class DatasetName(str):
 register_type(DatasetName, serializer=str, deserializer=DatasetName)
 
 
-class DataError(UserError):
-    """The dataset files are missing, cannot be downloaded or are corrupt; the message says how to fix it."""
+class DataError(MisconfigurationException):
+    """The dataset files are missing, cannot be downloaded or are corrupt, or the data's settings do not fit the
+    job; the message says how to fix it (Lightning's class for a mistake in what a run was given)."""
 
 
 class BatchedTensorDataset(TensorDataset):
@@ -319,11 +321,15 @@ class MNISTDataModule(LightningDataModule):
             images.append(torch.from_numpy(pixels))
             self.predict_files.append(path)
         if blank:
-            say(f"Skipped {len(blank)} picture(s) of {folder} with nothing drawn on them: {', '.join(blank)}")
+            rank_zero_info(
+                f"Skipped {len(blank)} picture(s) of {folder} with nothing drawn on them: {', '.join(blank)}"
+            )
         if skipped:
-            say(f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}")
+            rank_zero_info(
+                f"Skipped {len(skipped)} file(s) of {folder} that are no readable image: {', '.join(skipped)}"
+            )
         if too_large:
-            say(
+            rank_zero_info(
                 f"Skipped {len(too_large)} picture(s) of {folder} with more pixels than Pillow decodes safely"
                 f" ({Image.MAX_IMAGE_PIXELS // 1_000_000} million, its guard against decompression bombs):"
                 f" {', '.join(too_large)}. Make them smaller to predict them."
@@ -435,7 +441,7 @@ class MNISTDataModule(LightningDataModule):
         chosen = self.hparams.batch_size != state.get("batch_size", self.hparams.batch_size)
         batch_size = self.batch_size_to_continue(state, world_size, accumulated, chosen, epoch)
         if batch_size != self.hparams.batch_size:
-            say(
+            rank_zero_info(
                 f"Continuing a run of {state['world_size']} processes on {world_size}: per-device batch"
                 f" {self.hparams.batch_size} -> {batch_size}, to keep the global batch of {state['global_batch_size']}."
             )

@@ -2,6 +2,7 @@
 optimizer."""
 
 import math
+import os
 import warnings
 from typing import Literal
 
@@ -9,13 +10,16 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from app.console import UserError, say
+from models.confusion import confusion_picture
 
 NUM_CLASSES = 10
 
@@ -68,7 +72,9 @@ class ImageClassifier(LightningModule):
 
     Each stage has its own torchmetrics objects. Under DDP they sum their states (correct predictions, loss times
     samples, sample counts) over all ranks before computing, so a validation or test figure is weighted by samples,
-    not by each rank's number of batches.
+    not by each rank's number of batches. A TensorBoard logger also gets each epoch's confusion matrix as a picture
+    (`visuals/val_confusion_matrix`, `visuals/test_confusion_matrix`) and the accuracy of each class
+    (`val_per_class/acc_<k>`).
     """
 
     net: nn.Module
@@ -88,15 +94,17 @@ class ImageClassifier(LightningModule):
     ) -> None:
         super().__init__()
         if (pixel_mean is None) != (pixel_std is None):
-            raise UserError(
-                "--model.pixel_mean and --model.pixel_std go together (the mean and standard deviation of the training"
+            raise ValueError(
+                "pixel_mean and pixel_std go together (the mean and standard deviation of the training"
                 " set's pixels, scaled to [0, 1]): give both, or neither (the dataset's are then used)."
             )
         if pixel_std is not None and not (math.isfinite(pixel_mean) and math.isfinite(pixel_std) and pixel_std > 0):
-            raise UserError(
-                f"--model.pixel_mean {pixel_mean} --model.pixel_std {pixel_std}: a mean and a standard deviation more"
+            raise ValueError(
+                f"pixel_mean {pixel_mean}, pixel_std {pixel_std}: a mean and a standard deviation more"
                 " than 0 are needed (the inputs are divided by the deviation). Give others, or leave both out."
             )
+        if weights is not None and not os.path.isfile(weights):
+            raise ValueError(f"weights {weights}: no such file. Give a checkpoint file of a trained run.")
         self.save_hyperparameters()
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -107,14 +115,13 @@ class ImageClassifier(LightningModule):
         self.test_loss = MeanMetric()
         self.val_confusion = MulticlassConfusionMatrix(NUM_CLASSES)
         self.test_confusion = MulticlassConfusionMatrix(NUM_CLASSES)
-        # The last epoch's confusion matrix of each stage (rows: true class), summed over ranks, for the dashboard.
-        self.confusion_matrices: dict[str, Tensor] = {}
         # The model summary's sizes, the TensorBoard graph and the exported files' input: one raw image.
         self.example_input_array = torch.zeros(1, 28, 28, dtype=torch.uint8)
         # `cuda_graph`: the network's graphed forward, and the input size it was captured at; made at the first
         # training step of each fit (the parameters may have moved since the last one).
         self._graphed_forward = None
         self._graphed_shape: torch.Size | None = None
+        self._step_said = True  # what a step is made of: said at a fit's first batch
 
     def setup(self, stage: str) -> None:
         """When fitting without statistics given, take those of the datamodule's dataset (or of `weights`); refuse a
@@ -145,7 +152,7 @@ class ImageClassifier(LightningModule):
         }
         missing = [need for need, met in needs.items() if not met]
         if missing:
-            raise UserError(
+            raise MisconfigurationException(
                 f"--model.cuda_graph true needs {' and '.join(missing)}. Give those, or --model.cuda_graph false."
             )
 
@@ -154,6 +161,7 @@ class ImageClassifier(LightningModule):
         or not: planned here, once Lightning restored the loader's position, the optimizer and the step), and capture
         the network again at this fit's first step (`cuda_graph`): its parameters may have moved since."""
         self._graphed_forward = self._graphed_shape = None
+        self._step_said = False  # at the first batch
         total, trainer = self.trainer.estimated_stepping_batches, self.trainer
         if not self.hparams.one_cycle or self.lr_scheduler is not None or not 1 <= total < math.inf:
             return  # a scheduler of one's own; no training step, or no known end: the optimizer's constant rate
@@ -167,9 +175,35 @@ class ImageClassifier(LightningModule):
                 schedule.step()
         trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(schedule, interval="step")]
         if trainer.global_step:
-            say(
+            rank_zero_info(
                 f"Continuing at step {trainer.global_step}: the one-cycle schedule is planned over {int(total)} steps,"
                 f" peaking at learning rate {peaks[0]:g}."
+            )
+
+    def on_train_batch_start(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """At the fit's first batch, say and log what one optimizer step is made of, so that a user sees what
+        `--devices` changes (docs/configuration.md): the global batch, the learning rate, the steps of an epoch (the
+        last one takes the batches left over) and of the run."""
+        if self._step_said:
+            return
+        self._step_said, trainer = True, self.trainer
+        per_device = len(batch[0])  # a batch of the configured size, or a process's whole share of a smaller set
+        global_batch = per_device * trainer.world_size * trainer.accumulate_grad_batches
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        total, group = trainer.estimated_stepping_batches, trainer.optimizers[0].param_groups[0]
+        lr = (
+            f"peak learning rate {group['max_lr']:g} (one-cycle)"
+            if "max_lr" in group
+            else f"learning rate {group['lr']:g}"
+        )
+        rank_zero_info(
+            f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes x"
+            f" {trainer.accumulate_grad_batches} accumulated; {lr}; {per_epoch} optimizer step{'s' * (per_epoch != 1)}"
+            f" per epoch{f', {int(total)} in the run' if math.isfinite(total) else ''}."
+        )
+        for logger in self.loggers:
+            logger.log_metrics(
+                {"workload/global_batch_size": global_batch, "workload/world_size": trainer.world_size}, 0
             )
 
     def on_train_end(self) -> None:
@@ -181,7 +215,7 @@ class ImageClassifier(LightningModule):
         wrong silently (`--trainer.accumulate_grad_batches` is refused before the start; this is any other way:
         `GradientAccumulationScheduler`, gradients zeroed rather than set to None)."""
         if self._graphed_forward is not None and any(p.grad is not None for p in self.net.parameters()):
-            raise UserError(
+            raise MisconfigurationException(
                 "--model.cuda_graph true cannot add up gradients over several batches (gradient accumulation, or"
                 " gradients zeroed instead of set to None between steps): give --model.cuda_graph false."
             )
@@ -297,21 +331,35 @@ class ImageClassifier(LightningModule):
         self.log(f"{stage}/acc", acc, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        self._keep_confusion_matrix("val", self.val_confusion)
+        self._log_confusion("val", self.val_confusion)
 
     def on_test_epoch_end(self) -> None:
-        self._keep_confusion_matrix("test", self.test_confusion)
+        self._log_confusion("test", self.test_confusion)
 
-    def _keep_confusion_matrix(self, stage: str, confusion: MulticlassConfusionMatrix) -> None:
-        """Every rank runs this: compute() sums the counts of all ranks."""
-        self.confusion_matrices[stage] = confusion.compute().cpu()
+    def _log_confusion(self, stage: str, confusion: MulticlassConfusionMatrix) -> None:
+        """The epoch's confusion matrix (rows: true class), summed over the ranks (every rank runs this), drawn in
+        TensorBoard by global rank 0, with the validation's accuracy of each class."""
+        matrix = confusion.compute().cpu()
         confusion.reset()
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        names = getattr(self.trainer.datamodule, "class_names", None) or [str(k) for k in range(NUM_CLASSES)]
+        for logger in (logger for logger in self.loggers if isinstance(logger, TensorBoardLogger)):
+            if stage == "val":
+                for label, accuracy in enumerate((matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()):
+                    logger.experiment.add_scalar(f"val_per_class/acc_{label}", accuracy, self.global_step)
+            picture = confusion_picture(matrix, names)
+            logger.experiment.add_image(
+                f"visuals/{stage}_confusion_matrix", picture, self.global_step, dataformats="HWC"
+            )
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Each image's predicted class and its probability, with the known label (-1 for a user's own images)."""
+        """Each image's predicted class and its probability, and its label where it is known (not a user's own
+        pictures, labelled -1)."""
         images, targets = batch
         probability, prediction = self(images).softmax(dim=1).max(dim=1)
-        return {"prediction": prediction.cpu(), "probability": probability.cpu(), "target": targets.cpu()}
+        known = {"target": targets} if bool((targets >= 0).all()) else {}
+        return {"prediction": prediction, "probability": probability, **known}
 
     def configure_optimizers(self):
         """The optimizer, and a scheduler given as `lr_scheduler`; the one-cycle schedule is planned as training

@@ -4,7 +4,6 @@ arguments, so that a config can name a smaller or larger one (`configs/convnet_f
 from jsonargparse.typing import PositiveInt
 from torch import nn
 
-from app.console import UserError
 from models.base import NUM_CLASSES, ImageClassifier
 
 
@@ -42,8 +41,8 @@ class ConvNet(ImageClassifier):
         for kernel_size in kernel_sizes:  # each block: a convolution without padding, then a 2x2 max-pool
             side = (side - kernel_size + 1) // 2
         if side < 1:
-            raise UserError(
-                f"--model.kernel_sizes {list(kernel_sizes)} leave no pixel of a 28x28 image after the two blocks:"
+            raise ValueError(
+                f"kernel_sizes {list(kernel_sizes)} leave no pixel of a 28x28 image after the two blocks:"
                 " give smaller ones (each block takes kernel_size - 1 pixels off a side, then halves it)."
             )
         self.net = nn.Sequential(

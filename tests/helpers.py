@@ -107,6 +107,20 @@ def state_kept() -> Iterator[None]:
         rank_zero_only.rank = rank
 
 
+@contextlib.contextmanager
+def lines_said() -> Iterator[list[str]]:
+    """What Lightning's `rank_zero_info` says within the block (the lines of the program's pieces among them)."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+
+
 def run_in_process(*args: str) -> Run:
     """`train.py ARGS` in this process (`train.main`), its output captured, Lightning's log lines too: one process,
     no stop by a signal (it would end this process)."""

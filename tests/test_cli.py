@@ -12,7 +12,7 @@ import torch
 import yaml
 from lightning.pytorch import Callback
 
-from app.settings import busy_cores, cpu_threads
+from app.launch import busy_cores
 from tests.helpers import max_difference, one_error_line, run_in_process, small_run
 from tests.test_checkpoint_io import Code
 
@@ -37,7 +37,7 @@ def test_the_defaults_are_seqnet_on_fashion_mnist_with_ddp_and_the_shortcuts_sta
     assert printed.returncode == 0, printed.stderr[-2000:]
     config = yaml.safe_load(printed.stdout)
     assert config["model"]["class_path"] == "models.SeqNet" and config["data"]["dataset"] == "fashion_mnist"
-    assert config["trainer"]["strategy"] == "ddp" and config["trainer"]["max_epochs"] == 10
+    assert config["trainer"]["strategy"] == "auto" and config["trainer"]["max_epochs"] == 10
     assert (config["trainer"]["devices"], config["trainer"]["num_nodes"], config["seed_everything"]) == ("2", 3, 42)
     assert config["checkpoint"]["monitor"] == "val/acc" and config["last_checkpoint"]["filename"] == "last"
 
@@ -268,7 +268,7 @@ def test_a_checkpoint_holding_code_is_refused_and_evaluated_with_weights_only_fa
     assert result.returncode == 0 and "Finished: val/acc" in result.stdout, result.stderr[-2000:]
 
 
-def test_a_process_alone_on_cores_other_work_keeps_busy_trains_with_one_thread(monkeypatch):
+def test_a_process_alone_on_cores_other_work_keeps_busy_trains_with_one_thread(data_dir, tmp_path, monkeypatch):
     cores = os.cpu_count() or 1
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
     try:
@@ -277,17 +277,26 @@ def test_a_process_alone_on_cores_other_work_keeps_busy_trains_with_one_thread(m
         for hog in hogs:
             hog.kill()
             hog.wait()
-    threads = torch.get_num_threads()
+    threads, one_step = (
+        torch.get_num_threads(),
+        ("--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "0"),
+    )
     monkeypatch.delenv("OMP_NUM_THREADS")
     try:
-        torch.set_num_threads(cores)
-        monkeypatch.setattr("app.settings.busy_cores", lambda: cores / 2 - 0.1)  # an idle machine's, or near
-        assert cpu_threads() == f"{cores} cores" and torch.get_num_threads() == cores
-        monkeypatch.setattr("app.settings.busy_cores", lambda: cores / 2)
-        assert cpu_threads() == f"{cores} cores, {cores / 2:.1f} of them busy with other work: 1 thread"
-        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        for busy, said in (
+            (cores / 2 - 0.1, f"({cores} cores)"),
+            (cores / 2, f"({cores} cores, {cores / 2:.1f} of them busy with other work: 1 thread)"),
+        ):
+            torch.set_num_threads(cores)
+            monkeypatch.setattr("train.busy_cores", lambda busy=busy: busy)  # an idle machine's or near, then not
+            result = run_in_process("fit", *small_run(data_dir, tmp_path), *one_step)
+            assert f"Training in 1 process on the CPU {said}: --devices N trains" in result.stdout, result.stdout
+            assert torch.get_num_threads() == (cores if busy < cores / 2 else 1)
         torch.set_num_threads(cores)
         monkeypatch.setenv("OMP_NUM_THREADS", str(cores))  # the user's choice stays
-        assert cpu_threads() == f"{cores} cores" and torch.get_num_threads() == cores
+        result = run_in_process("fit", *small_run(data_dir, tmp_path), *one_step)
+        assert (
+            f"Training in 1 process on the CPU ({cores} cores): " in result.stdout and torch.get_num_threads() == cores
+        )
     finally:
         torch.set_num_threads(threads)

@@ -4,7 +4,7 @@ import time
 
 from lightning.pytorch import Callback, Trainer
 
-from app.callbacks.dashboard import Dashboard
+from app.callbacks import Dashboard
 from datamodules import MNISTDataModule
 from models import SeqNet
 
@@ -25,7 +25,7 @@ def test_the_step_time_is_logged_once_per_optimizer_step_under_gradient_accumula
         limit_val_batches=0,
         default_root_dir=tmp_path,
         logger=False,
-        callbacks=[Dashboard(images_every_n_epochs=0), SlowBatches()],
+        callbacks=[Dashboard(), SlowBatches()],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

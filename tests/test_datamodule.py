@@ -13,7 +13,7 @@ from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules import DataError, MNISTDataModule
 from tests.conftest import TEST_SIZE, TRAIN_SIZE
-from tests.helpers import run_command
+from tests.helpers import lines_said, run_command
 
 DATASETS = [("mnist", 0.1307, 0.3081), ("fashion_mnist", 0.2860, 0.3530)]
 
@@ -190,7 +190,7 @@ def test_a_continued_run_that_cannot_keep_its_batches_is_refused_in_one_line(
         datamodule.batch_size_to_continue(state, world_size, 1, chosen_batch is not None, epoch=0)
 
 
-def test_a_picture_too_large_to_decode_safely_is_skipped_with_a_line_that_names_it(tmp_path, monkeypatch, capsys):
+def test_a_picture_too_large_to_decode_safely_is_skipped_with_a_line_that_names_it(tmp_path, monkeypatch):
     """Pillow refuses to decode a picture of more than twice `Image.MAX_IMAGE_PIXELS` (a decompression bomb: a small
     file that would fill the memory) and warns above it; both are skipped, the others predicted."""
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 89 million by default: the test's pictures stay small
@@ -200,14 +200,13 @@ def test_a_picture_too_large_to_decode_safely_is_skipped_with_a_line_that_names_
     ImageDraw.Draw(small).line((4, 1, 4, 6), fill=0)  # a stroke: a picture with something on it
     small.save(tmp_path / "small.png")
     datamodule = MNISTDataModule(predict_dir=str(tmp_path))
-    datamodule.setup("predict")
-    assert re.search(
-        r"Skipped 2 picture\(s\) of .* decompression bombs\): large\.png, larger\.png", capsys.readouterr().out
-    )
+    with lines_said() as said:
+        datamodule.setup("predict")
+    assert re.search(r"Skipped 2 picture\(s\) of .* decompression bombs\): large\.png, larger\.png", "\n".join(said))
     assert [path.name for path in datamodule.predict_files] == ["small.png"]
 
 
-def test_a_blank_picture_is_skipped_and_one_with_a_transparent_background_is_read(tmp_path, capsys):
+def test_a_blank_picture_is_skipped_and_one_with_a_transparent_background_is_read(tmp_path):
     """A page with nothing drawn on it (its JPEG-like noise aside) would get a class that means nothing; black strokes
     on a transparent background (a canvas's export) would vanish in grayscale without their transparency."""
     noise = np.random.default_rng(0).normal(250, 3, (100, 100))
@@ -216,8 +215,9 @@ def test_a_blank_picture_is_skipped_and_one_with_a_transparent_background_is_rea
     ImageDraw.Draw(canvas).line((100, 30, 100, 170), fill=(0, 0, 0, 255), width=12)
     canvas.save(tmp_path / "canvas.png")
     datamodule = MNISTDataModule(predict_dir=str(tmp_path))
-    datamodule.setup("predict")
-    assert re.search(r"Skipped 1 picture\(s\) of .* with nothing drawn on them: blank\.png", capsys.readouterr().out)
+    with lines_said() as said:
+        datamodule.setup("predict")
+    assert re.search(r"Skipped 1 picture\(s\) of .* with nothing drawn on them: blank\.png", "\n".join(said))
     assert [path.name for path in datamodule.predict_files] == ["canvas.png"]
     assert datamodule.predict_set.tensors[0][0].max() == 255  # the stroke, light on black
 

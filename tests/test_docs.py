@@ -148,16 +148,6 @@ def test_the_usage_commands_run_as_printed_after_the_readme_set_up():
     assert found == [(venv / "bin" / "python").resolve(), (venv / "bin" / "tensorboard").resolve()]
 
 
-def test_the_readmes_pieces_in_ones_own_program_build_a_trainer_as_printed():
-    readme = (REPO / "README.md").read_text()
-    pieces = readme[readme.index("## The pieces, in your own Lightning program") :]
-    (code,) = re.findall(r"```python\n(.*?)```", pieces, re.DOTALL)[:1]
-    done: dict = {}
-    exec(code, done)  # noqa: S102 (the README's own lines)
-    names = [type(callback).__name__ for callback in done["trainer"].callbacks]
-    assert "GracefulStop" in names and type(done["trainer"].strategy).__name__ == "RendezvousDDPStrategy"
-
-
 def test_every_figure_of_the_readmes_results_comes_with_the_command_that_gave_it():
     """Each row: a command as printed (it parses, as is), its accuracy and its time; the machine is named above."""
     readme = (REPO / "README.md").read_text()

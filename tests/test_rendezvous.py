@@ -15,7 +15,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from app.console import UserError
-from app.plugins.rendezvous import RendezvousDDPStrategy, wait_for_the_launched
+from app.launch import wait_for_the_launched
+from app.plugins import RendezvousDDPStrategy
 from tests.helpers import ended, free_port, job, small_run, wait_for
 
 pytestmark = pytest.mark.slow

@@ -10,25 +10,27 @@ import time
 from types import FrameType
 
 import torch
-from jsonargparse.typing import PositiveInt
+from jsonargparse.typing import NonNegativeInt
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 
-from app.console import UserError, end_bars, say
+from app.console import UserError, end_bars
 
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (hang-up)"}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-class Stopped(Exception):
+class Stopped(SystemExit):
     """Every process stopped at one step after the stop signal `signum` (0: at the end of the time budget), having
-    saved `checkpoint` there (None: nothing). train.py then ends by that signal, as a shell expects (130 after Ctrl-C,
-    143 after SIGTERM; 0 after the budget: the next link of a chain of jobs starts)."""
+    saved `checkpoint` there (None: nothing). A `SystemExit`, as Lightning's own `SIGTERMException`: uncaught, it ends
+    a script without a traceback, with the status a shell gives a process the signal ended (130 after Ctrl-C, 143
+    after SIGTERM; 0 after the budget: the next link of a chain of jobs starts); train.py ends by the signal itself."""
 
     def __init__(self, signum: int, checkpoint: str | None = None) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name if signum else 'the time budget'}")
+        super().__init__(128 + signum if signum else 0)
         self.signum, self.checkpoint = signum, checkpoint
 
 
@@ -41,6 +43,7 @@ class GracefulStop(Callback):
     Args:
         every_n_steps: Optimizer steps between two checks, each one `strategy.reduce` of four flags (a stop signal,
             SLURM's requeue signal, a non-finite loss, a timed save); one more at each epoch's end and at each save.
+            0: off, as if it were not there (no handler, no check; train.py leaves it out).
         checkpoint: The `ModelCheckpoint` whose folder a stop saves its last checkpoint into, with the loader's
             position (a continued run takes the next sample); None: a stop keeps nothing.
         save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (None: never); a new
@@ -62,7 +65,7 @@ class GracefulStop(Callback):
 
     def __init__(
         self,
-        every_n_steps: PositiveInt = 50,
+        every_n_steps: NonNegativeInt = 50,
         checkpoint: ModelCheckpoint | None = None,
         save_every_s: float | None = None,
     ) -> None:
@@ -77,6 +80,8 @@ class GracefulStop(Callback):
         self._step_seen = self._saved_at = 0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not self.every_n_steps:
+            return
         self._trainer, self._active, self._evaluating = trainer, True, False
         environment = getattr(trainer.strategy, "cluster_environment", None)
         slurm = isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal
@@ -126,10 +131,14 @@ class GracefulStop(Callback):
             self.signal, self._first_at = signum, time.monotonic()
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
         self._catch()
         self._agree(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
         self.on_sanity_check_start(trainer, pl_module)
         self._saved_at, self._step_seen = time.monotonic(), trainer.global_step
         # Lightning broadcasts its own SIGTERM flag before every training step under DDP, and reads it back: a wait
@@ -154,7 +163,9 @@ class GracefulStop(Callback):
         )
         signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
         if signum:
-            say(f"Stopped by {NAMES[signum]} before the first training step of this command: it kept nothing.")
+            rank_zero_info(
+                f"Stopped by {NAMES[signum]} before the first training step of this command: it kept nothing."
+            )
             self.signal = None
             raise Stopped(signum)
 
@@ -162,7 +173,7 @@ class GracefulStop(Callback):
         if self.signal and not self._said and not self._evaluating and not trainer.sanity_checking:
             self._said = True
             step = (trainer.global_step // self.every_n_steps + 1) * self.every_n_steps
-            say(
+            rank_zero_info(
                 f"{NAMES[self.signal]}: the run stops after this validation, at the end of epoch"
                 f" {trainer.current_epoch} or after step {step}, whichever comes first."
             )
@@ -171,6 +182,8 @@ class GracefulStop(Callback):
         self._asked = trainer.should_stop  # by another callback before (EarlyStopping before min_epochs, say)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if not self._active:
+            return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
             bad = ~torch.isfinite(loss.detach())
@@ -188,7 +201,8 @@ class GracefulStop(Callback):
         self._step_seen = trainer.global_step
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._check(trainer, at_epoch_end=True)
+        if self._active:
+            self._check(trainer, at_epoch_end=True)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         """Before any checkpoint of the fit is written (every process saves it): none holds diverged weights."""
@@ -197,7 +211,7 @@ class GracefulStop(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         """A continued run's time budget is its own: the Timer does not take the time of the commands before."""
-        for timer in (c for c in trainer.callbacks if isinstance(c, Timer)):
+        for timer in (c for c in trainer.callbacks if isinstance(c, Timer) and self._active):
             checkpoint.get("callbacks", {}).pop(timer.state_key, None)
 
     def _check(
@@ -232,7 +246,7 @@ class GracefulStop(Callback):
             requeued = "; SLURM was asked to requeue the job" if requeue else ""
             name = NAMES.get(signum, "SLURM's requeue signal" if signum else "the time budget (max_time)")
             end_bars(trainer)
-            say(f"Stopped by {name} in epoch {trainer.current_epoch}, {when}; {kept}{requeued}.")
+            rank_zero_info(f"Stopped by {name} in epoch {trainer.current_epoch}, {when}; {kept}{requeued}.")
             self.signal = None
             raise Stopped(signum, path)
 
@@ -246,7 +260,7 @@ class GracefulStop(Callback):
         end_bars(trainer)  # the lines said next (the stop's, an error's) stand below them
         if isinstance(exception, Stopped) and self._evaluating:
             stage = trainer.state.fn.value
-            say(
+            rank_zero_info(
                 f"Stopped by {NAMES[exception.signum]}: the {stage} was cut short and keeps nothing: run the same"
                 f" command to {stage}."
             )

@@ -1,1 +1,6 @@
-"""Plugins of the Trainer: a strategy and a checkpoint writer, each usable in any Trainer."""
+"""The plugins of app/: a strategy and a checkpoint writer, for any Lightning `Trainer`."""
+
+from app.plugins.checkpoint_io import AtomicCheckpointIO
+from app.plugins.rendezvous import RendezvousDDPStrategy
+
+__all__ = ["AtomicCheckpointIO", "RendezvousDDPStrategy"]

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
-from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from app.console import UserError, options_of
@@ -55,7 +54,12 @@ class RendezvousDDPStrategy(DDPStrategy):
     Python would wait for the meeting's C code to return, up to the process-group timeout. A process that a launcher
     started (Lightning's, torchrun) dies with it. With several nodes and neither GLOO_SOCKET_IFNAME nor
     NCCL_SOCKET_IFNAME set, both name the interface that reaches the first node (gloo's default, the address the host
-    name resolves to, is often 127.0.0.1, which the other hosts cannot reach)."""
+    name resolves to, is often 127.0.0.1, which the other hosts cannot reach).
+
+    Example::
+
+        trainer = Trainer(devices=4, num_nodes=2, strategy=RendezvousDDPStrategy(agree_on={"lr": 0.01}))
+    """
 
     def __init__(self, *args: Any, agree_on: dict | None = None, notice_after_s: float = 10.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -232,25 +236,3 @@ def _choose_the_network_interface(address: str, say: bool) -> None:
                 chosen = f"through {name} (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME choose another)"
                 print(f"Reaching the first node ({address}) {chosen}.", flush=True)
             return
-
-
-def wait_for_the_launched(strategy: Strategy) -> int:
-    """In the process the strategy's launcher (Lightning's) started the others from, once its work is done: the job's
-    exit status when they have ended (a minute at most), one that failed failing it, one a signal stopped stopping
-    it."""
-    deadline = time.monotonic() + 60
-    launched = [p for p in getattr(strategy.launcher, "procs", []) if isinstance(p, subprocess.Popen)]  # ddp_spawn's:
-    for local_rank, process in enumerate(launched, start=1):  # joined by Lightning, which raised where one failed
-        try:
-            status = process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            status = None
-        if status in (1, -signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, -signal.SIGUSR1):  # said why, or stopped
-            return status  # as the job is (SIGUSR1: SLURM's requeue signal)
-        if status != 0:
-            ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
-            failed = f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's"
-            print(f"{failed} work was done, so the job failed.", file=sys.stderr, flush=True)
-            return 1
-    return 0

@@ -1,4 +1,4 @@
-"""The dashboard's confusion matrix, drawn with Pillow in milliseconds (matplotlib took 0.5-0.7 s)."""
+"""The confusion matrix TensorBoard shows, drawn with Pillow in milliseconds (matplotlib took 0.5-0.7 s)."""
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont

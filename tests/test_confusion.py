@@ -1,9 +1,9 @@
-"""The dashboard's confusion matrix shades what is common."""
+"""The confusion matrix picture shades what is common."""
 
 import numpy as np
 import torch
 
-from app.callbacks.drawing import DARK, LIGHT, confusion_picture
+from models.confusion import DARK, LIGHT, confusion_picture
 
 
 def test_confusion_matrix_is_darker_where_a_row_puts_more_of_its_samples():

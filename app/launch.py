@@ -1,0 +1,180 @@
+"""How the processes of a job were started: the shape a launcher gave them, what every node must agree on, the
+exit status of the processes Lightning's launcher started, and the threads of one process on a shared CPU."""
+
+import gc
+import hashlib
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities import rank_zero_info
+
+from app.callbacks.graceful_stop import Stopped
+from app.console import TRACEBACK_VARIABLE, BelowTheBar, options_of, report
+
+# What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
+# fmt: off
+PER_NODE = ("--ckpt_path", "--config", "--trainer.default_root_dir", "--trainer.devices", "--trainer.num_nodes",
+            "--trainer.enable_progress_bar", "--data.data_dir", "--data.num_workers", "--data.pin_memory",
+            "--checkpoint.dirpath", "--last_checkpoint.dirpath", "--predictions.path")
+# fmt: on
+PROGRAM = Path(__file__).resolve().parents[1]
+
+
+def launcher_shape(kubeflow: bool = False) -> dict | None:
+    """The processes per node and the nodes torchrun, SLURM or a PyTorchJob started (an elastic torchrun job's change
+    with each restart), and how many times torchrun restarts a failed job; None where Lightning's launcher starts
+    them. `kubeflow`: the Trainer was given Lightning's KubeflowEnvironment (which cannot be detected)."""
+    env = os.environ
+    if TorchElasticEnvironment.detect():
+        devices, restarts = int(env["LOCAL_WORLD_SIZE"]), int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+        nodes = int(env["WORLD_SIZE"]) // devices
+        return {"launcher": "torchrun", "devices": devices, "num_nodes": nodes, "restarts": restarts}
+    if SLURMEnvironment.detect():
+        nodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
+        devices = int(str(env.get("SLURM_NTASKS_PER_NODE", int(env["SLURM_NTASKS"]) // nodes)).split("(")[0])
+        return {"launcher": "SLURM", "devices": devices, "num_nodes": nodes, "restarts": 0}
+    if kubeflow:  # a PyTorchJob: one process a pod
+        return {"launcher": "the PyTorchJob", "devices": 1, "num_nodes": int(env["WORLD_SIZE"]), "restarts": 0}
+    return None
+
+
+def shared(settings: dict, subcommand: str, starts_from: object) -> dict:
+    """What every node of a job must agree on: the command's `settings` but where each node keeps and loads its files
+    (`PER_NODE`), the subcommand, the program's own code, and the checkpoint it starts from."""
+    program = hashlib.sha256()
+    for path in sorted(p for folder in ("app", "models", "datamodules") for p in (PROGRAM / folder).rglob("*.py")):
+        program.update(path.read_bytes())
+    program.update((PROGRAM / "train.py").read_bytes())
+    options = {key: value for key, value in options_of(settings).items() if not key.startswith(PER_NODE)}
+    return {**options, "--subcommand": subcommand, "--program": program.hexdigest()[:12], "--starts_from": starts_from}
+
+
+def settle_shape(trainer, stop, kubeflow: bool) -> None:
+    """Under torchrun, SLURM or a PyTorchJob, the Trainer's `devices` and `num_nodes` (the settings `trainer`) are
+    what the launcher started (said where the command gave others: an elastic job's change with each restart), and a
+    job torchrun restarts saves last.ckpt every minute (the settings of `GracefulStop`, `stop`, unless its
+    `save_every_s` is given)."""
+    shape = launcher_shape(kubeflow)
+    if shape is None:
+        return
+    given = {key: trainer[key] for key in ("devices", "num_nodes")}
+    if any(str(given[key]) not in ("auto", "-1", "1", str(shape[key])) for key in given):
+        rank_zero_info(
+            f"{shape['launcher']} started {shape['num_nodes']} node(s) x {shape['devices']} process(es): training on"
+            f" those, not --devices {given['devices']} --num_nodes {given['num_nodes']}."
+        )
+    trainer.devices, trainer.num_nodes = shape["devices"], shape["num_nodes"]
+    if shape["restarts"] and stop.save_every_s is None:
+        stop.save_every_s = 60.0
+
+
+def end_the_job(run: Callable[[], int], command: list[str], shortcuts: list[str]) -> NoReturn:
+    """Run the program's work (`run`, which gives the job's exit status) and end the process as a shell expects: 0; 1
+    after a mistake or a bug, said in one line or a short traceback (`report`); after a stop by a signal, by that
+    signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the `command` that continues the run and
+    the `shortcuts` it was given (`--devices 2`). The program's lines (`rank_zero_info`) stand below the bar."""
+    status = 0
+    if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
+    for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
+        warnings.filterwarnings("ignore", message=noise)  # nothing a user of this program does or can change
+    said = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info: the program's lines
+    if not any(isinstance(handler, BelowTheBar) for handler in said.handlers):
+        said.addHandler(BelowTheBar())
+        said.addFilter(lambda record: "litlogger" not in record.getMessage())
+        said.propagate = False
+    try:
+        status = run()
+    except Stopped as stop:  # the run's folder is what --ckpt_path continues, with its settings
+        if stop.checkpoint and (run_folder := Path(stop.checkpoint).parent.parent).joinpath("config.yaml").is_file():
+            rank_zero_info(f"Continue with: {shlex.join([*command, '--ckpt_path', str(run_folder), *shortcuts])}")
+        status = -stop.signum
+    except KeyboardInterrupt:
+        status = -signal.SIGINT
+    except SystemExit as end:  # Lightning ends a stage that Ctrl-C interrupted with status 1: a shell loop would go on
+        status = -signal.SIGINT if isinstance(end.__context__, KeyboardInterrupt) else end.code or 0
+    except Exception as error:
+        if os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0"):
+            raise
+        report(error)
+        status = 1
+    finally:
+        if dist.is_available() and dist.is_initialized():  # else gloo's threads may abort the process at its exit
+            dist.destroy_process_group()
+    sys.stdout.flush()
+    gc.freeze()  # Python's last collection would scan the million objects of torch's and Lightning's: 1 s a process
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status)
+
+
+def wait_for_the_launched(strategy: Strategy) -> int:
+    """In the process the strategy's launcher (Lightning's) started the others from, once its work is done: the job's
+    exit status when they have ended (a minute at most), one that failed failing it, one a signal stopped stopping
+    it."""
+    deadline = time.monotonic() + 60
+    launched = [p for p in getattr(strategy.launcher, "procs", []) if isinstance(p, subprocess.Popen)]  # ddp_spawn's:
+    for local_rank, process in enumerate(launched, start=1):  # joined by Lightning, which raised where one failed
+        try:
+            status = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            status = None
+        if status in (1, -signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP, -signal.SIGUSR1):  # said why, or stopped
+            return status  # as the job is (SIGUSR1: SLURM's requeue signal)
+        if status != 0:
+            ended = "did not end within a minute: it was killed" if status is None else f"ended with status {status}"
+            failed = f"error: the process of local rank {local_rank} (pid {process.pid}) {ended}, after this one's"
+            print(f"{failed} work was done, so the job failed.", file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+def one_process_on_the_cpu() -> None:
+    """Say that training runs in one process on the CPU; where other work keeps half or more of the cores it may use
+    busy (and OMP_NUM_THREADS is not set), train with one thread, and say so: torch's thread per core would wait for
+    the others at every operation (1.9-2x slower, docs/speed.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = 0.0 if "OMP_NUM_THREADS" in os.environ else busy_cores()  # the user's choice stays
+    shared_with = f", {busy:.1f} of them busy with other work: 1 thread" if busy >= cores / 2 else ""
+    if shared_with:
+        os.environ["OMP_NUM_THREADS"] = "1"  # and the processes it starts
+        torch.set_num_threads(1)
+    rank_zero_info(
+        f"Training in 1 process on the CPU ({cores} cores{shared_with}): --devices N trains with DDP in N processes."
+    )
+
+
+def busy_cores(seconds: float = 0.1) -> float:
+    """How many of the cores this process may use other processes keep busy now: measured from /proc/stat while this
+    process sleeps `seconds` (elsewhere the load average, which counts this program's own last run for a minute)."""
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+    def times() -> list[list[int]]:  # user nice system idle iowait irq softirq, of each core of ours
+        with open("/proc/stat") as stat:
+            rows = [line.split() for line in stat if re.match(r"cpu\d", line)]
+        return [[int(n) for n in row[1:8]] for row in rows if mine is None or int(row[0][3:]) in mine]
+
+    try:
+        before = times()
+        time.sleep(seconds)
+        spent = [[b - a for a, b in zip(*core, strict=True)] for core in zip(before, times(), strict=True)]
+    except (OSError, ValueError):
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    busy = sum(sum(core) - core[3] - core[4] for core in spent)
+    return len(spent) * busy / max(sum(sum(core) for core in spent), 1)
