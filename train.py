@@ -37,6 +37,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from app.callbacks import Dashboard, GracefulStop, PredictionWriter, StallWatchdog, Stopped
 from app.console import UserError, first_process, here, options_of, runnable
@@ -44,7 +47,7 @@ from app.export import export
 from app.launch import end_the_job, launcher_shape, one_process_on_the_cpu, settle_shape, shared, wait_for_the_launched
 from app.plugins import AtomicCheckpointIO, RendezvousDDPStrategy
 from app.runs import RunLogger, RunRecord, check_folders, find_start, next_record, run_logger, run_name
-from app.settings import Parser, Trainer, check, command_line, parser_line
+from app.settings import Parser, Trainer, check, command_line, on, parser_line, rejected
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
@@ -61,6 +64,9 @@ PIECES = {
     "dashboard": (Dashboard, {}),
     "predictions": (PredictionWriter, {}),
 }
+# The class of each section of a command's settings, whose message of a value it refuses names the section's option.
+SECTIONS = {"model": (ImageClassifier, Optimizer, LRScheduler), "data": MNISTDataModule, "trainer": Trainer}
+SECTIONS |= {key: piece for key, (piece, _settings) in PIECES.items()}
 # Lightning's choice for several processes (`strategy="auto"` picks "ddp"): DDP whose processes meet as app/ has them.
 StrategyRegistry.register("ddp", RendezvousDDPStrategy, "DDP, with app/'s rendezvous", override=True)
 
@@ -71,23 +77,20 @@ class TrainCLI(LightningCLI):
 
     def __init__(self, args: list[str], subcommand: str | None) -> None:
         self.chosen, self.test_after_fit, self.start = subcommand or "fit", subcommand is None, None
-        super().__init__(
-            ImageClassifier,
-            MNISTDataModule,
-            save_config_callback=RunRecord,
-            subclass_mode_model=True,
-            trainer_class=Trainer,
-            trainer_defaults={"max_epochs": 10, "default_root_dir": "runs"},
-            seed_everything_default=42,
-            auto_configure_optimizers=False,
-            parser_kwargs={
-                "exit_on_error": False,
-                "allow_abbrev": False,
-                self.chosen: {"description": ABOUT[self.chosen]},
-            },
-            parser_class=Parser,
-            args=args,
-        )
+        kwargs = {"exit_on_error": False, "allow_abbrev": False, self.chosen: {"description": ABOUT[self.chosen]}}
+        try:
+            super().__init__(
+                ImageClassifier, MNISTDataModule, save_config_callback=RunRecord, trainer_class=Trainer,
+                trainer_defaults={"max_epochs": 10, "default_root_dir": "runs"}, seed_everything_default=42,
+                parser_kwargs=kwargs, parser_class=Parser, subclass_mode_model=True, auto_configure_optimizers=False,
+                args=args,
+            )  # fmt: skip
+        except (ValueError, TypeError, MisconfigurationException) as error:  # as a class the settings name was built
+            built = hasattr(self, "config") and not hasattr(self, "trainer")
+            sections = {"model": ImageClassifier, "data": MNISTDataModule, "trainer": Trainer} | {
+                k: c for k, (c, _) in PIECES.items()
+            }
+            raise (rejected(error, self._settings(), sections) if built else None) or error from error
 
     def subcommands(self) -> dict[str, set[str]]:
         """The subcommand asked for alone: each subcommand's parser takes 0.1 s to build."""
@@ -129,21 +132,14 @@ class TrainCLI(LightningCLI):
         config.ckpt_path = str(start.checkpoint) if start else None if config.ckpt_path == "last" else config.ckpt_path
         trainer, logger = config.trainer, config.trainer.logger
         if logger in (None, True):
-            runs = Path(trainer.default_root_dir) / run_name(
-                type(self.model).__qualname__, self.datamodule.hparams.dataset
-            )
+            runs = Path(trainer.default_root_dir) / run_name(type(self.model).__name__, self.datamodule.hparams.dataset)
             logger = run_logger(start, self.subcommand, runs)
-        off = {ModelCheckpoint: trainer.enable_checkpointing is False, LearningRateMonitor: not logger}
-        on = [piece for key in PIECES if (piece := config.get(key)) is not None and not off.get(type(piece), False)]
-        on = [piece for piece in on if getattr(piece, "every_n_steps", 1) != 0 or getattr(piece, "log_graph", False)]
-        plugins, callbacks = (
-            [] if v is None else v if isinstance(v, list) else [v] for v in (trainer.plugins, trainer.callbacks)
-        )
+        plugins = trainer.plugins if isinstance(trainer.plugins, list) else [trainer.plugins] if trainer.plugins else []
         plugins += [] if any(isinstance(plugin, CheckpointIO) for plugin in plugins) else [AtomicCheckpointIO()]
         self.save_config_callback = RunRecord if logger else None  # the record goes beside the logs
         self.save_config_kwargs = {"config_filename": next_record(start.run if start and start.continues else None)}
-        callbacks += [piece for piece in on if not isinstance(piece, StallWatchdog) or piece.timeout]
-        made = super().instantiate_trainer(logger=logger, plugins=plugins, callbacks=callbacks, **kwargs)
+        pieces = on([config[key] for key in PIECES if key in config], trainer, logger)
+        made = super().instantiate_trainer(logger=logger, plugins=plugins, callbacks=pieces, **kwargs)
         if isinstance(made.strategy, RendezvousDDPStrategy) and made.strategy.agree_on is None:
             starts_from = f"step {start.contents.get('global_step')}" if start else config.ckpt_path
             subcommand = "fit then test" if self.test_after_fit else self.subcommand
@@ -155,8 +151,11 @@ class TrainCLI(LightningCLI):
         return yaml.safe_load(self.parser.dump(self.config, skip_unset=False))[self.chosen]
 
     def before_fit(self) -> None:
-        self._before_the_stage()
-        self.model.check_fit(self.trainer)
+        self.before_validate()
+        try:
+            self.model.check_fit(self.trainer)
+        except ValueError as error:  # the optimizer's, built on the parameters
+            raise rejected(error, self._settings(), SECTIONS) or error from error
         if self.trainer.strategy.root_device.type == "cpu" and self.config.fit.trainer.sync_batchnorm:
             raise UserError("--trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm has none for the CPU).")
         if self.start is not None and (saved := self.start.contents.get(type(self.datamodule).__qualname__)):
@@ -165,37 +164,27 @@ class TrainCLI(LightningCLI):
         if self.trainer.world_size == 1 and self.trainer.strategy.root_device.type == "cpu" and not launcher_shape():
             one_process_on_the_cpu()
 
-    def _before_the_stage(self) -> None:
-        """Refuse before anything is written a folder that cannot be written (in the process that writes)."""
+    def before_validate(self) -> None:
+        """Before anything is written: a folder that cannot be written is refused (by the process that writes)."""
         if first_process():
             check_folders(self.trainer, self.start, self.subcommand)
 
-    before_validate = before_test = before_predict = _before_the_stage
-
-    def _stop_if_signalled(self) -> None:
-        """A stop signal after the stage's last check: the stage's work is kept, and the command stops here."""
-        if self.config_init[self.subcommand].stop.signal:
-            raise Stopped(self.config_init[self.subcommand].stop.signal)
+    before_test = before_predict = before_validate
 
     def after_fit(self) -> None:
         self._stop_if_signalled()
         checkpoint, metrics = self.config_init.fit.checkpoint, dict(self.trainer.callback_metrics)
         if checkpoint.best_model_score is not None:  # the figure of the weights it names
             metrics = {checkpoint.monitor: checkpoint.best_model_score}
-        if self.test_after_fit and (
-            checkpoint.best_model_path or self.trainer.global_step > 0
-        ):  # (ddp_spawn's: not here)
-            if (
-                not checkpoint.best_model_path
-            ):  # fast_dev_run, --trainer.enable_checkpointing false: as Lightning's test()
+        best = checkpoint.best_model_path or None
+        if self.test_after_fit and (best or self.trainer.global_step > 0):  # (ddp_spawn's steps: not in this process)
+            if not best:  # fast_dev_run, --trainer.enable_checkpointing false: as Lightning's test()
                 rank_zero_info("Testing the weights as the fit left them: it saved no best checkpoint.")
-            self.trainer.test(
-                self.model, datamodule=self.datamodule, ckpt_path=checkpoint.best_model_path or None, weights_only=True
-            )
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
             metrics.update(self.trainer.callback_metrics)
         elif self.test_after_fit:
             rank_zero_info("No test: the fit saved no checkpoint and took no training step in this process.")
-        self._summary(metrics, checkpoint.best_model_path)
+        self._summary(metrics, [f"Best checkpoint: {best}"] if best else [])
 
     def after_validate(self) -> None:
         self._stop_if_signalled()
@@ -207,11 +196,15 @@ class TrainCLI(LightningCLI):
         self._stop_if_signalled()
         rank_zero_info(f"Predictions: {self.config_init.predict.predictions.written}")
 
-    def _summary(self, metrics: dict, best: str = "") -> None:
+    def _stop_if_signalled(self) -> None:
+        """A stop signal after the stage's last check: the stage's work is kept, and the command stops here."""
+        if signum := self.config_init[self.subcommand].stop.signal:
+            raise Stopped(signum)
+
+    def _summary(self, metrics: dict, lines: list[str] = ()) -> None:
         names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
-        lines = ["Finished: " + "  ".join(f"{name} {float(metrics[name]):.4f}" for name in names)] if names else []
-        lines += [f"Best checkpoint: {best}"] if best else []
-        if (logger := self.trainer.logger) is not None and isinstance(logger, RunLogger) and logger.folder is not None:
+        lines = [*(["Finished: " + "  ".join(f"{n} {float(metrics[n]):.4f}" for n in names)] if names else []), *lines]
+        if isinstance(logger := self.trainer.logger, RunLogger) and logger.folder is not None:
             tensorboard = runnable(Path(sys.executable).with_name("tensorboard"))
             lines += [f"Dashboard: {shlex.join([tensorboard, '--logdir', str(self.trainer.default_root_dir)])}"]
             lines += [f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {logger.folder}"]

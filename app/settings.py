@@ -12,8 +12,10 @@ from pathlib import Path
 import yaml
 from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from app.console import UserError, options_of
 from app.launch import launcher_shape
@@ -201,6 +203,58 @@ def _closest(option: str, options: list[str], subcommand: str) -> str:
         last[name] for name in difflib.get_close_matches(option.rsplit(".", 1)[-1].lstrip("-"), last, n=1)
     ]
     return f"; did you mean {close[0]}?" if close else f". train.py {subcommand} --help lists every option."
+
+
+def on(pieces: list, trainer, logger) -> list:
+    """The Trainer's callbacks (`trainer`: its settings, built) and those of `pieces` that are on: off means absent
+    (the checkpoints without `enable_checkpointing`, the learning rate's monitor without a logger, a piece whose own
+    option turned it off: `every_n_steps` or a watchdog's `timeout` of 0)."""
+    off = {ModelCheckpoint: trainer.enable_checkpointing is False, LearningRateMonitor: not logger}
+    pieces = [piece for piece in pieces if not off.get(type(piece)) and getattr(piece, "timeout", 1) != 0]
+    pieces = [piece for piece in pieces if getattr(piece, "every_n_steps", 1) != 0 or getattr(piece, "log_graph", 0)]
+    callbacks = (
+        trainer.callbacks if isinstance(trainer.callbacks, list) else [trainer.callbacks] * bool(trainer.callbacks)
+    )
+    return [*callbacks, *pieces]
+
+
+def rejected(error: BaseException, settings: dict, sections: dict[str, type]) -> UserError | None:
+    """What a class the command's `settings` name rejected as it was built from them (its ValueError, TypeError or
+    MisconfigurationException, which jsonargparse may wrap), as a mistake in one line naming the options: those of
+    its section (`sections`: the class of each) the message names, by their name or by the value it quotes (a float
+    or a word), else the section; None where no section's class raised it (a bug)."""
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, UserError) or not isinstance(cause, ValueError | TypeError | MisconfigurationException):
+        return None
+    frames, traceback = [], cause.__traceback__
+    while traceback is not None:  # the outermost frame of a section's class building itself, with its arguments
+        frames.append(traceback.tb_frame)
+        traceback = traceback.tb_next
+    classes = tuple(sections.values())
+    built = next((f.f_locals for f in frames if isinstance(f.f_locals.get("self"), classes)), {})
+    candidates = [key for key, kind in sections.items() if isinstance(built.get("self"), kind)]
+
+    def given(key: str) -> bool:  # the section's settings are the arguments it was being built with
+        section = settings.get(key) or {}
+        section = section.get("init_args", section)
+        return all(str(section[name]) == str(value) for name, value in built.items() if name in section)
+
+    candidates = [key for key in candidates if given(key)] or candidates
+    if not candidates:
+        return None
+    message, words = " ".join(str(cause).split()), set(re.findall(r"[\w.+-]+", str(cause).replace("`", " ")))
+    options = {o: v for o, v in options_of(settings).items() if o.lstrip("-").split(".")[0] == candidates[0]}
+
+    def quoted(value: object) -> bool:  # a value the message quotes (numbers of other options would be chance)
+        values = value if isinstance(value, list | tuple) else [value]
+        return any(isinstance(v, float | str) and not isinstance(v, bool) and str(v) in words for v in values)
+
+    named = [option for option in options if option.rsplit(".", 1)[-1] in words]
+    chosen = [o for o in named if quoted(options[o])] or named or [o for o in options if quoted(options[o])]
+    said = " ".join(f"{option} {options[option]}" for option in chosen) or f"--{candidates[0]}"
+    return UserError(f"{said}: {message}", every_process=True)
 
 
 def check(trainer: dict, seed: object) -> None:

@@ -138,8 +138,11 @@ class ImageClassifier(LightningModule):
         self.check_fit(self.trainer)
 
     def check_fit(self, trainer: Trainer) -> None:
-        """Refuse a Trainer this model cannot be fitted with: what `cuda_graph` needs. train.py asks before it starts
-        the processes; `setup` asks again, for a Trainer of a user's own code."""
+        """Refuse a Trainer this model cannot be fitted with (what `cuda_graph` needs), and settings its optimizer
+        refuses (torch's ValueError, once built on the parameters). train.py asks before it starts the processes;
+        `setup` asks again (the Trainer alone), for a Trainer of a user's own code."""
+        if trainer.state.fn is None:  # not fitting yet: Lightning builds the optimizer it trains with later
+            self.configure_optimizers()
         if not self.hparams.cuda_graph:
             return
         needs = {

@@ -6,15 +6,20 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 import yaml
 from lightning.pytorch import Callback
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from app.launch import busy_cores
+from app.plugins import RendezvousDDPStrategy
+from app.settings import command_line
 from tests.helpers import max_difference, one_error_line, run_in_process, small_run
 from tests.test_checkpoint_io import Code
+from train import TrainCLI
 
 
 @pytest.fixture
@@ -91,6 +96,49 @@ def test_help_describes_this_program_every_subcommand_and_what_its_ckpt_path_mea
 )
 def test_a_mistake_on_the_command_line_is_one_line_with_its_deepest_cause(args, line):
     assert line in error(*args)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [  # what torch, Lightning or the project's classes say of the user's values, as they are built, before training
+        (["--model.optimizer.lr", "-1"], "error: --model.optimizer.lr -1.0: Invalid learning rate: -1.0"),
+        (["--model.optimizer.betas", "[2,3]"], "error: --model.optimizer.betas [2.0, 3.0]: Invalid beta parameter"),
+        (["--devices", "-1"], "error: --trainer.devices -1: `devices` selected with `CPUAccelerator` should be an int"),
+        (["--checkpoint.mode", "bad"], "error: --checkpoint.mode bad: `mode` can be min, max but got bad"),
+        (["--last_checkpoint.save_top_k", "-5"], "error: --last_checkpoint.save_top_k -5: Invalid value for save"),
+        (
+            ["--model.weights", "no/such.ckpt"],
+            "error: --model.weights no/such.ckpt: weights no/such.ckpt: no such file",
+        ),
+        (["--model.pixel_mean", "0.5"], "error: --model.pixel_mean 0.5 --model.pixel_std None: pixel_mean and"),
+        (["--model", "ConvNet", "--model.kernel_sizes", "[13,13]"], "error: --model.kernel_sizes [13, 13]: kernel_"),
+    ],
+)
+def test_a_value_a_class_refuses_as_it_is_built_is_one_line_naming_the_option_before_anything(args, line, tmp_path):
+    assert line in error(*args, "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(tmp_path))
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_subcommand(tmp_path):
+    """`--config=FILE fit` is LightningCLI's (a config of the subcommands' sections); a value named like a subcommand
+    is a value; one process trains without a process group, two with the rendezvous."""
+    config = tmp_path / "nested.yaml"
+    config.write_text("fit:\n  trainer:\n    max_epochs: 3\n")
+    for args in (["--config=" + str(config), "fit"], ["--config", str(config), "fit"]):
+        printed = run_in_process(*args, "--print_config")
+        assert printed.returncode == 0 and yaml.safe_load(printed.stdout)["trainer"]["max_epochs"] == 3, printed.stderr
+    assert command_line(["--trainer.default_root_dir", "fit", "--devices=2"], ["fit", "test"]) == (
+        ["fit", "--trainer.default_root_dir", "fit", "--trainer.devices=2"],
+        None,
+        ["--devices", "2"],
+    )
+    built = {}
+    for devices in (1, 2):  # the Trainer each builds, kept before it fits
+        with mock.patch.object(
+            TrainCLI, "before_fit", lambda cli, n=devices: built.update({n: cli.trainer}) or sys.exit()
+        ):
+            run_in_process("fit", "--devices", str(devices), "--trainer.accelerator", "cpu")
+    assert type(built[1].strategy) is SingleDeviceStrategy and type(built[2].strategy) is RendezvousDDPStrategy
 
 
 def test_a_config_file_of_lightning_1_is_answered_with_todays_names(tmp_path):
@@ -288,7 +336,7 @@ def test_a_process_alone_on_cores_other_work_keeps_busy_trains_with_one_thread(d
             (cores / 2, f"({cores} cores, {cores / 2:.1f} of them busy with other work: 1 thread)"),
         ):
             torch.set_num_threads(cores)
-            monkeypatch.setattr("train.busy_cores", lambda busy=busy: busy)  # an idle machine's or near, then not
+            monkeypatch.setattr("app.launch.busy_cores", lambda busy=busy: busy)  # an idle machine's or near, then not
             result = run_in_process("fit", *small_run(data_dir, tmp_path), *one_step)
             assert f"Training in 1 process on the CPU {said}: --devices N trains" in result.stdout, result.stdout
             assert torch.get_num_threads() == (cores if busy < cores / 2 else 1)

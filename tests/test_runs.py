@@ -1,11 +1,14 @@
 """RunLogger's folders: claimed once, held while a command runs, taken back when it kept nothing; and what
 `--ckpt_path` finds."""
 
+import fcntl
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from app.console import UserError
 from app.runs import RunLogger, find_start, next_record, records
@@ -96,3 +99,31 @@ def test_two_predicts_of_one_checkpoint_keep_both_and_a_file_named_is_never_writ
     assert len(set(written)) == 2 and Path(written[0]).read_text() == Path(written[1]).read_text()
     named = run_in_process(*args, "--predictions.path", written[0])
     assert named.returncode == 1 and f"{written[0]} exists already" in named.stderr
+
+
+class TryTheLock(Callback):
+    """At each stage's start, whether another process could take the run's lock: `<root>/<stage>` holds the answer."""
+
+    def _try(self, trainer, stage: str) -> None:
+        folder = trainer.logger.folder
+        held = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except BlockingIOError:
+            free = False
+        finally:
+            os.close(held)
+        Path(trainer.default_root_dir, stage).write_text(str(free))
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._try(trainer, "fit")
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._try(trainer, "test")
+
+
+def test_the_run_is_held_while_the_fit_runs_and_while_the_test_after_it_runs(data_dir, tmp_path):
+    result = run_in_process(*small_run(data_dir, tmp_path, "--trainer.callbacks+=tests.test_runs.TryTheLock"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [(tmp_path / stage).read_text() for stage in ("fit", "test")] == ["False", "False"]
