@@ -34,7 +34,6 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -44,17 +43,16 @@ from torch.optim.lr_scheduler import LRScheduler
 from app.callbacks import Dashboard, GracefulStop, PredictionWriter, StallWatchdog, Stopped
 from app.console import UserError, first_process, here, options_of, runnable
 from app.export import export
-from app.launch import end_the_job, launcher_shape, one_process_on_the_cpu, settle_shape, shared, wait_for_the_launched
-from app.plugins import AtomicCheckpointIO, RendezvousDDPStrategy
+from app.launch import end_the_job, one_process_on_the_cpu, shared, wait_for_the_launched
+from app.plugins import RendezvousDDPStrategy
 from app.runs import RunLogger, RunRecord, check_folders, find_start, next_record, run_logger, run_name
-from app.settings import Parser, Trainer, check, command_line, on, parser_line, rejected
+from app.settings import Parser, Trainer, command_line, on, parser_line, rejected, settle
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
 ABOUT = dict(re.findall(r"^  (fit|validate|test|predict|export) +(.+)$", __doc__, re.M))  # each subcommand's help
-# The pieces the command line configures (`--KEY.OPTION VALUE`), with this program's defaults. Off means absent:
-# --trainer.enable_checkpointing false, --trainer.logger false, --stop.every_n_steps 0, --watchdog.timeout 0,
-# --dashboard.every_n_steps 0; predictions are predict's alone.
+# The pieces the command line configures, `--KEY.OPTION VALUE`, with this program's defaults; off means absent
+# (app/settings.py: `on`), and the prediction writer is predict's.
 PIECES = {
     "checkpoint": (ModelCheckpoint, {"monitor": "val/acc", "mode": "max"}),  # the best
     "last_checkpoint": (ModelCheckpoint, {"filename": "last", "enable_version_counter": False}),  # each epoch's
@@ -76,7 +74,12 @@ class TrainCLI(LightningCLI):
     checkpoint; `--ckpt_path` names a checkpoint file, a run's folder, or `last` (docs/run-folder.md)."""
 
     def __init__(self, args: list[str], subcommand: str | None) -> None:
-        self.chosen, self.test_after_fit, self.start = subcommand or "fit", subcommand is None, None
+        self.chosen, self.test_after_fit, self.start, self.checked = (
+            subcommand or "fit",
+            subcommand is None,
+            None,
+            False,
+        )
         kwargs = {"exit_on_error": False, "allow_abbrev": False, self.chosen: {"description": ABOUT[self.chosen]}}
         try:
             super().__init__(
@@ -85,12 +88,9 @@ class TrainCLI(LightningCLI):
                 parser_kwargs=kwargs, parser_class=Parser, subclass_mode_model=True, auto_configure_optimizers=False,
                 args=args,
             )  # fmt: skip
-        except (ValueError, TypeError, MisconfigurationException) as error:  # as a class the settings name was built
-            built = hasattr(self, "config") and not hasattr(self, "trainer")
-            sections = {"model": ImageClassifier, "data": MNISTDataModule, "trainer": Trainer} | {
-                k: c for k, (c, _) in PIECES.items()
-            }
-            raise (rejected(error, self._settings(), sections) if built else None) or error from error
+        except (ValueError, TypeError, MisconfigurationException) as error:  # before the stage: a value refused
+            refused = hasattr(self, "config") and not self.checked  # as a class the settings name was built
+            raise (rejected(error, self._settings(), SECTIONS) if refused else None) or error from error
 
     def subcommands(self) -> dict[str, set[str]]:
         """The subcommand asked for alone: each subcommand's parser takes 0.1 s to build."""
@@ -120,26 +120,20 @@ class TrainCLI(LightningCLI):
         except ArgumentError as error:  # the deepest line, and the closest of the subcommand's options
             options = options_of(yaml.safe_load(parser.dump(parser.parse_args([self.chosen])))[self.chosen])
             raise UserError(parser_line(str(error), list(options), args, self.chosen), every_process=True) from None
-        config = self.config[self.chosen]
-        config.weights_only = config.get("weights_only") is not False  # unless asked, loading a checkpoint runs no code
-        check(dict(config.trainer), config.seed_everything)
-        settle_shape(config.trainer, config.stop, kubeflow="KubeflowEnvironment" in str(config.trainer.plugins))
+        settle(self.config[self.chosen])
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """Lightning's, with the pieces: the run's folder (`RunLogger`) and its record, whole checkpoint files, the
         callbacks of PIECES that are on, and for DDP what every node must agree on."""
         config, start = self.config_init[self.subcommand], self.start
         config.ckpt_path = str(start.checkpoint) if start else None if config.ckpt_path == "last" else config.ckpt_path
-        trainer, logger = config.trainer, config.trainer.logger
-        if logger in (None, True):
-            runs = Path(trainer.default_root_dir) / run_name(type(self.model).__name__, self.datamodule.hparams.dataset)
-            logger = run_logger(start, self.subcommand, runs)
-        plugins = trainer.plugins if isinstance(trainer.plugins, list) else [trainer.plugins] if trainer.plugins else []
-        plugins += [] if any(isinstance(plugin, CheckpointIO) for plugin in plugins) else [AtomicCheckpointIO()]
+        if (logger := config.trainer.logger) in (None, True):
+            model, root = type(self.model).__name__, config.trainer.default_root_dir
+            logger = run_logger(start, self.subcommand, root, model, self.datamodule.hparams.dataset)
         self.save_config_callback = RunRecord if logger else None  # the record goes beside the logs
         self.save_config_kwargs = {"config_filename": next_record(start.run if start and start.continues else None)}
-        pieces = on([config[key] for key in PIECES if key in config], trainer, logger)
-        made = super().instantiate_trainer(logger=logger, plugins=plugins, callbacks=pieces, **kwargs)
+        pieces = on([config[key] for key in PIECES if key in config], config.trainer, logger)
+        made = super().instantiate_trainer(logger=logger, **pieces, **kwargs)
         if isinstance(made.strategy, RendezvousDDPStrategy) and made.strategy.agree_on is None:
             starts_from = f"step {start.contents.get('global_step')}" if start else config.ckpt_path
             subcommand = "fit then test" if self.test_after_fit else self.subcommand
@@ -151,23 +145,18 @@ class TrainCLI(LightningCLI):
         return yaml.safe_load(self.parser.dump(self.config, skip_unset=False))[self.chosen]
 
     def before_fit(self) -> None:
-        self.before_validate()
-        try:
-            self.model.check_fit(self.trainer)
-        except ValueError as error:  # the optimizer's, built on the parameters
-            raise rejected(error, self._settings(), SECTIONS) or error from error
-        if self.trainer.strategy.root_device.type == "cpu" and self.config.fit.trainer.sync_batchnorm:
-            raise UserError("--trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm has none for the CPU).")
+        self.model.check_fit(self.trainer)  # (its optimizer, built on its parameters)
         if self.start is not None and (saved := self.start.contents.get(type(self.datamodule).__qualname__)):
             epoch, trainer = self.start.contents.get("epoch", 0), self.trainer  # its global batch, kept
             self.datamodule.continue_from(saved, trainer.world_size, trainer.accumulate_grad_batches, epoch)
-        if self.trainer.world_size == 1 and self.trainer.strategy.root_device.type == "cpu" and not launcher_shape():
-            one_process_on_the_cpu()
+        self.before_validate()
+        one_process_on_the_cpu(self.trainer)
 
     def before_validate(self) -> None:
         """Before anything is written: a folder that cannot be written is refused (by the process that writes)."""
         if first_process():
             check_folders(self.trainer, self.start, self.subcommand)
+        self.checked = True
 
     before_test = before_predict = before_validate
 
@@ -184,31 +173,28 @@ class TrainCLI(LightningCLI):
             metrics.update(self.trainer.callback_metrics)
         elif self.test_after_fit:
             rank_zero_info("No test: the fit saved no checkpoint and took no training step in this process.")
-        self._summary(metrics, [f"Best checkpoint: {best}"] if best else [])
+        self.after_validate(metrics, [f"Best checkpoint: {best}"] if best else [])
 
-    def after_validate(self) -> None:
+    def after_validate(self, metrics: dict | None = None, best: list[str] = ()) -> None:
+        """Say the figures and where the command wrote (a stop signal after the stage's last check stops it here)."""
         self._stop_if_signalled()
-        self._summary(self.trainer.callback_metrics)
+        metrics = self.trainer.callback_metrics if metrics is None else metrics
+        names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
+        lines = [*(["Finished: " + "  ".join(f"{n} {float(metrics[n]):.4f}" for n in names)] if names else []), *best]
+        if self.subcommand == "predict":
+            lines = [f"Predictions: {self.config_init.predict.predictions.written}"]
+        elif isinstance(logger := self.trainer.logger, RunLogger) and logger.folder is not None:
+            tensorboard = runnable(Path(sys.executable).with_name("tensorboard"))
+            lines += [f"Dashboard: {shlex.join([tensorboard, '--logdir', str(self.trainer.default_root_dir)])}"]
+            lines += [f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {logger.folder}"]
+        rank_zero_info("\n".join(lines))
 
-    after_test = after_validate
-
-    def after_predict(self) -> None:
-        self._stop_if_signalled()
-        rank_zero_info(f"Predictions: {self.config_init.predict.predictions.written}")
+    after_test = after_predict = after_validate
 
     def _stop_if_signalled(self) -> None:
         """A stop signal after the stage's last check: the stage's work is kept, and the command stops here."""
         if signum := self.config_init[self.subcommand].stop.signal:
             raise Stopped(signum)
-
-    def _summary(self, metrics: dict, lines: list[str] = ()) -> None:
-        names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
-        lines = [*(["Finished: " + "  ".join(f"{n} {float(metrics[n]):.4f}" for n in names)] if names else []), *lines]
-        if isinstance(logger := self.trainer.logger, RunLogger) and logger.folder is not None:
-            tensorboard = runnable(Path(sys.executable).with_name("tensorboard"))
-            lines += [f"Dashboard: {shlex.join([tensorboard, '--logdir', str(self.trainer.default_root_dir)])}"]
-            lines += [f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {logger.folder}"]
-        rank_zero_info("\n".join(lines))
 
 
 def main(args: list[str] | None = None) -> None:
@@ -218,13 +204,10 @@ def main(args: list[str] | None = None) -> None:
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
         return print(__doc__.strip())
 
-    def work() -> int:  # the job's exit status
-        if subcommand == "export":
-            return print(f"Exported: {export(cli_args[1:])}") or 0
-        return wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy)
-
     command = [runnable(Path(sys.executable)), here(Path(__file__)), *["fit"] * (subcommand == "fit")]
-    end_the_job(work, command, shortcuts)
+    if subcommand == "export":
+        end_the_job(lambda: export(cli_args[1:]), command, shortcuts)
+    end_the_job(lambda: wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy), command, shortcuts)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message}. Usage: {self.usage}")
 
 
-def export(argv: list[str]) -> Path:
-    """Write the file `argv` (export's options) asks for; its path."""
+def export(argv: list[str]) -> int:
+    """Write the file `argv` (export's options) asks for, and say where: exit status 0."""
     train = f"{runnable(Path(sys.executable))} {here(Path(__file__).parents[1] / 'train.py')}"
     usage = f"{train} export --ckpt_path CKPT --format onnx|torchscript --output FILE"
     parser = _Parser(
@@ -93,7 +93,8 @@ def export(argv: list[str]) -> Path:
             _write_onnx(model, output, MNISTDataModule(dataset=dataset).class_names, dataset)
     except OSError as error:
         raise UserError(f"--output {output}: cannot write there ({error.strerror}). Choose another path.") from error
-    return output
+    print(f"Exported: {output}")
+    return 0
 
 
 def _subclasses(base: type = ImageClassifier) -> list[type]:

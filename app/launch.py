@@ -145,10 +145,12 @@ def wait_for_the_launched(strategy: Strategy) -> int:
     return 0
 
 
-def one_process_on_the_cpu() -> None:
-    """Say that training runs in one process on the CPU; where other work keeps half or more of the cores it may use
-    busy (and OMP_NUM_THREADS is not set), train with one thread, and say so: torch's thread per core would wait for
-    the others at every operation (1.9-2x slower, docs/speed.md)."""
+def one_process_on_the_cpu(trainer) -> None:
+    """Where `trainer` trains in one process on the CPU that no launcher started, say so; where other work keeps half
+    or more of the cores it may use busy (and OMP_NUM_THREADS is not set), train with one thread, and say so: torch's
+    thread per core would wait for the others at every operation (1.9-2x slower, docs/speed.md)."""
+    if trainer.world_size != 1 or trainer.strategy.root_device.type != "cpu" or launcher_shape():
+        return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     busy = 0.0 if "OMP_NUM_THREADS" in os.environ else busy_cores()  # the user's choice stays
     shared_with = f", {busy:.1f} of them busy with other work: 1 thread" if busy >= cores / 2 else ""

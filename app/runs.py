@@ -182,9 +182,10 @@ def check_writable(option: str, folder: str | Path, how: str = "") -> None:
         ) from error
 
 
-def run_logger(start: Start | None, subcommand: str, runs: Path) -> "RunLogger":
-    """Where a command writes: the run it continues, a new `version_N` of `runs` (the model's runs on its dataset),
+def run_logger(start: Start | None, subcommand: str, root: str, model: str, dataset: str) -> "RunLogger":
+    """Where a command writes: the run it continues, a new `version_N` of the runs of `model` on `dataset` in `root`,
     or for an evaluation `<run>/<stage>/version_N` beside the run whose checkpoint it evaluates."""
+    runs = Path(root) / run_name(model, dataset)
     if start is not None and start.continues:
         return RunLogger(start.run.parent.parent, start.run.parent.name, version=start.run.name)
     if subcommand == "fit":

@@ -9,16 +9,19 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
 import yaml
 from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from app.console import UserError, options_of
-from app.launch import launcher_shape
+from app.launch import launcher_shape, settle_shape
+from app.plugins import AtomicCheckpointIO
 
 
 def command_line(args: list[str], subcommands: Iterable[str]) -> tuple[list[str], str | None, list[str]]:
@@ -205,17 +208,19 @@ def _closest(option: str, options: list[str], subcommand: str) -> str:
     return f"; did you mean {close[0]}?" if close else f". train.py {subcommand} --help lists every option."
 
 
-def on(pieces: list, trainer, logger) -> list:
-    """The Trainer's callbacks (`trainer`: its settings, built) and those of `pieces` that are on: off means absent
-    (the checkpoints without `enable_checkpointing`, the learning rate's monitor without a logger, a piece whose own
-    option turned it off: `every_n_steps` or a watchdog's `timeout` of 0)."""
+def on(pieces: list, trainer, logger) -> dict:
+    """The Trainer's callbacks and plugins (`trainer`: its settings, built): its own, those of `pieces` that are on
+    (off means absent: the checkpoints without `enable_checkpointing`, the learning rate's monitor without a logger, a
+    piece whose own option turned it off: `every_n_steps` or a watchdog's `timeout` of 0), and whole checkpoint files
+    (`AtomicCheckpointIO`) where no other checkpoint writer is given."""
     off = {ModelCheckpoint: trainer.enable_checkpointing is False, LearningRateMonitor: not logger}
     pieces = [piece for piece in pieces if not off.get(type(piece)) and getattr(piece, "timeout", 1) != 0]
     pieces = [piece for piece in pieces if getattr(piece, "every_n_steps", 1) != 0 or getattr(piece, "log_graph", 0)]
-    callbacks = (
-        trainer.callbacks if isinstance(trainer.callbacks, list) else [trainer.callbacks] * bool(trainer.callbacks)
+    callbacks, plugins = (
+        [] if v is None else v if isinstance(v, list) else [v] for v in (trainer.callbacks, trainer.plugins)
     )
-    return [*callbacks, *pieces]
+    plugins += [] if any(isinstance(plugin, CheckpointIO) for plugin in plugins) else [AtomicCheckpointIO()]
+    return {"callbacks": [*callbacks, *pieces], "plugins": plugins}
 
 
 def rejected(error: BaseException, settings: dict, sections: dict[str, type]) -> UserError | None:
@@ -257,6 +262,15 @@ def rejected(error: BaseException, settings: dict, sections: dict[str, type]) ->
     return UserError(f"{said}: {message}", every_process=True)
 
 
+def settle(config) -> None:
+    """What a command's settings (`config`, parsed) leave open or Lightning takes unchecked: loading a checkpoint runs
+    no code unless `--weights_only false` asks; a value Lightning would fail on later is refused (`check`); under a
+    launcher, the processes are the ones it started (`settle_shape`)."""
+    config.weights_only = config.get("weights_only") is not False
+    check(dict(config.trainer), config.seed_everything)
+    settle_shape(config.trainer, config.stop, kubeflow="KubeflowEnvironment" in str(config.trainer.plugins))
+
+
 def check(trainer: dict, seed: object) -> None:
     """Refuse in one line what Lightning would take and fail on later, with a traceback: a count it divides by, a
     seed out of NumPy's range, a NODE_RANK outside the job."""
@@ -277,6 +291,11 @@ def check(trainer: dict, seed: object) -> None:
             more = " (and their variants)" if len(shown) < len(set(known)) else ""
             today = f"Lightning 1.x's name; today: {older}" if older else "no such name"
             raise UserError(f"--trainer.{name} {value}: {today}. Known: {', '.join(shown)}{more}.")
+    accelerator = trainer.get("accelerator")
+    if trainer.get("sync_batchnorm") and (
+        accelerator == "cpu" or accelerator == "auto" and not torch.cuda.is_available()
+    ):
+        raise UserError("--trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm has none for the CPU).")
     nodes, node_rank = trainer.get("num_nodes"), os.environ.get("NODE_RANK", "0")
     if isinstance(nodes, int) and nodes > 0 and node_rank not in map(str, range(nodes)) and launcher_shape() is None:
         raise UserError(

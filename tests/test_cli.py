@@ -112,6 +112,10 @@ def test_a_mistake_on_the_command_line_is_one_line_with_its_deepest_cause(args, 
         ),
         (["--model.pixel_mean", "0.5"], "error: --model.pixel_mean 0.5 --model.pixel_std None: pixel_mean and"),
         (["--model", "ConvNet", "--model.kernel_sizes", "[13,13]"], "error: --model.kernel_sizes [13, 13]: kernel_"),
+        (
+            ["--trainer.sync_batchnorm", "true"],
+            "error: --trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm",
+        ),
     ],
 )
 def test_a_value_a_class_refuses_as_it_is_built_is_one_line_naming_the_option_before_anything(args, line, tmp_path):
