@@ -1,24 +1,5 @@
-"""usage: train.py [fit | validate | test | predict | export] [OPTIONS]
-
-Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
-process on a machine without one (--devices N: N processes).
-
-subcommands:
-  (none)    fit, then test the best checkpoint (fit's options)
-  fit       train a new run, or continue one (--ckpt_path last, a run's folder, or a checkpoint file)
-  validate  the validation figures of trained weights (--ckpt_path)
-  test      the test figures of trained weights (--ckpt_path)
-  predict   a CSV of the classes predicted for the test set or your own pictures (--data.predict_dir)
-  export    ONNX or TorchScript of trained weights (--ckpt_path, --format, --output)
-train.py SUBCOMMAND --help lists its options. --devices and --num_nodes stand for --trainer.devices and
---trainer.num_nodes, anywhere on the line; --config FILE reads options from a YAML file.
-
-examples:
-  python train.py --model ConvNet --data.dataset mnist --devices 2
-  python train.py --model ConvNet --data.dataset mnist --ckpt_path last      # continue the newest such run
-  python train.py test --ckpt_path runs/ConvNet-mnist/version_0              # a run's folder, last, or a file
-  python train.py export --ckpt_path CKPT --format onnx --output model.onnx
-"""
+"""Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: a LightningCLI and a main() (the help,
+`python train.py --help`, is app/settings.py's HELP; docs/architecture.md maps the rest)."""
 
 import json
 import re
@@ -41,16 +22,18 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from app.callbacks import Dashboard, GracefulStop, PredictionWriter, StallWatchdog, Stopped
-from app.console import UserError, first_process, here, options_of, runnable
+from app.console import UserError, here, options_of, runnable
+from app.errors import parser_line, rejected
 from app.export import export
 from app.launch import end_the_job, one_process_on_the_cpu, shared, wait_for_the_launched
 from app.plugins import RendezvousDDPStrategy
-from app.runs import RunLogger, RunRecord, check_folders, find_start, next_record, run_logger, run_name
-from app.settings import Parser, Trainer, command_line, on, parser_line, rejected, settle
+from app.runs import RunLogger, RunRecord, check_folders, next_record, run_name
+from app.settings import HELP, Parser, Trainer, command_line, on, settle
+from app.start import find_start, run_logger
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
-ABOUT = dict(re.findall(r"^  (fit|validate|test|predict|export) +(.+)$", __doc__, re.M))  # each subcommand's help
+ABOUT = dict(re.findall(r"^  (fit|validate|test|predict|export) +(.+)$", HELP, re.M))  # each subcommand's help
 # The pieces the command line configures, `--KEY.OPTION VALUE`, with this program's defaults; off means absent
 # (app/settings.py: `on`), and the prediction writer is predict's.
 PIECES = {
@@ -74,20 +57,23 @@ class TrainCLI(LightningCLI):
     checkpoint; `--ckpt_path` names a checkpoint file, a run's folder, or `last` (docs/run-folder.md)."""
 
     def __init__(self, args: list[str], subcommand: str | None) -> None:
-        self.chosen, self.test_after_fit, self.start, self.checked = (
-            subcommand or "fit",
-            subcommand is None,
-            None,
-            False,
-        )
+        self.chosen, self.test_after_fit = subcommand or "fit", subcommand is None
+        self.start, self.checked = None, False  # what --ckpt_path names; the stage's checks are done
         kwargs = {"exit_on_error": False, "allow_abbrev": False, self.chosen: {"description": ABOUT[self.chosen]}}
         try:
             super().__init__(
-                ImageClassifier, MNISTDataModule, save_config_callback=RunRecord, trainer_class=Trainer,
-                trainer_defaults={"max_epochs": 10, "default_root_dir": "runs"}, seed_everything_default=42,
-                parser_kwargs=kwargs, parser_class=Parser, subclass_mode_model=True, auto_configure_optimizers=False,
+                ImageClassifier,
+                MNISTDataModule,
+                save_config_callback=RunRecord,
+                trainer_class=Trainer,
+                trainer_defaults={"max_epochs": 10, "default_root_dir": "runs"},
+                seed_everything_default=42,
+                parser_kwargs=kwargs,
+                parser_class=Parser,
+                subclass_mode_model=True,
+                auto_configure_optimizers=False,
                 args=args,
-            )  # fmt: skip
+            )
         except (ValueError, TypeError, MisconfigurationException) as error:  # before the stage: a value refused
             refused = hasattr(self, "config") and not self.checked  # as a class the settings name was built
             raise (rejected(error, self._settings(), SECTIONS) if refused else None) or error from error
@@ -153,9 +139,7 @@ class TrainCLI(LightningCLI):
         one_process_on_the_cpu(self.trainer)
 
     def before_validate(self) -> None:
-        """Before anything is written: a folder that cannot be written is refused (by the process that writes)."""
-        if first_process():
-            check_folders(self.trainer, self.start, self.subcommand)
+        check_folders(self.trainer, self.start, self.subcommand)  # before anything is written
         self.checked = True
 
     before_test = before_predict = before_validate
@@ -202,7 +186,7 @@ def main(args: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if args is None else args)
     cli_args, subcommand, shortcuts = command_line(args, ABOUT)
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
-        return print(__doc__.strip())
+        return print(HELP.strip())
 
     command = [runnable(Path(sys.executable)), here(Path(__file__)), *["fit"] * (subcommand == "fit")]
     if subcommand == "export":

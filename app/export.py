@@ -21,7 +21,8 @@ import torch
 
 from app.console import UserError, here, runnable
 from app.plugins.checkpoint_io import write_whole
-from app.runs import find_start, run_name
+from app.runs import run_name
+from app.start import find_start
 from datamodules.mnist import DATASETS, DatasetName, MNISTDataModule
 from models import ImageClassifier, model_names
 

@@ -2,26 +2,43 @@
 --ckpt_path means here, the names of Lightning 1.x, the parser's error as one line, and the values Lightning takes
 unchecked."""
 
-import contextlib
-import difflib
 import os
-import re
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
-import yaml
 from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.plugins import CheckpointIO
 from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from app.console import UserError, options_of
+from app.console import UserError
+from app.errors import OLDER_VALUES
 from app.launch import launcher_shape, settle_shape
 from app.plugins import AtomicCheckpointIO
+
+HELP = """usage: train.py [fit | validate | test | predict | export] [OPTIONS]
+
+Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: DDP on every visible GPU, or in one
+process on a machine without one (--devices N: N processes).
+
+subcommands:
+  (none)    fit, then test the best checkpoint (fit's options)
+  fit       train a new run, or continue one (--ckpt_path last, a run's folder, or a checkpoint file)
+  validate  the validation figures of trained weights (--ckpt_path)
+  test      the test figures of trained weights (--ckpt_path)
+  predict   a CSV of the classes predicted for the test set or your own pictures (--data.predict_dir)
+  export    ONNX or TorchScript of trained weights (--ckpt_path, --format, --output)
+train.py SUBCOMMAND --help lists its options. --devices and --num_nodes stand for --trainer.devices and
+--trainer.num_nodes, anywhere on the line; --config FILE reads options from a YAML file.
+
+examples:
+  python train.py --model ConvNet --data.dataset mnist --devices 2
+  python train.py --model ConvNet --data.dataset mnist --ckpt_path last      # continue the newest such run
+  python train.py test --ckpt_path runs/ConvNet-mnist/version_0              # a run's folder, last, or a file
+  python train.py export --ckpt_path CKPT --format onnx --output model.onnx
+"""
 
 
 def command_line(args: list[str], subcommands: Iterable[str]) -> tuple[list[str], str | None, list[str]]:
@@ -93,121 +110,6 @@ class Parser(LightningArgumentParser):
         return [*added, "ckpt_path"]
 
 
-# Options of Lightning 1.x (0.10 to 1.9) a config or command line may still hold, and how to say the same today: the
-# Trainer's by their name, ModelCheckpoint's (--checkpoint, --last_checkpoint) as `checkpoint.NAME`.
-OLDER_NAMES = {
-    "gpus": "--trainer.devices N with --trainer.accelerator gpu",
-    "tpu_cores": "--trainer.devices N with --trainer.accelerator tpu",
-    "ipus": "nothing: Graphcore IPUs went with Lightning 2.0 (lightning-graphcore)",
-    "hpus": "nothing here: Intel Gaudi (HPU) training went to the lightning-habana package",
-    "num_processes": "--trainer.devices N (processes on the CPU with --trainer.accelerator cpu)",
-    "auto_select_gpus": "--trainer.devices auto",
-    "distributed_backend": "--trainer.strategy (ddp)",
-    "resume_from_checkpoint": "--ckpt_path (a file, a run's folder, or last)",
-    "checkpoint_callback": "--trainer.enable_checkpointing",
-    "weights_summary": "--trainer.enable_model_summary",
-    "progress_bar_refresh_rate": "--trainer.enable_progress_bar",
-    "process_position": "a TQDMProgressBar in --trainer.callbacks",
-    "weights_save_path": "--checkpoint.dirpath, or --trainer.default_root_dir",
-    "replace_sampler_ddp": "--trainer.use_distributed_sampler",
-    "reload_dataloaders_every_epoch": "--trainer.reload_dataloaders_every_n_epochs 1",
-    "amp_backend": "--trainer.precision 16-mixed",
-    "amp_level": "--trainer.precision 16-mixed",
-    "terminate_on_nan": "nothing: a NaN or infinite loss stops every process here (--stop)",
-    "stochastic_weight_avg": "a StochasticWeightAveraging in --trainer.callbacks",
-    "log_gpu_memory": "a DeviceStatsMonitor in --trainer.callbacks",
-    "track_grad_norm": "--trainer.gradient_clip_val, or a callback logging lightning.pytorch.utilities.grad_norm",
-    "flush_logs_every_n_steps": "nothing: the logger flushes on its own",
-    "log_save_interval": "nothing: the logger flushes on its own",
-    "row_log_interval": "--trainer.log_every_n_steps",
-    "auto_lr_find": "Lightning's Tuner.lr_find, outside the command line",
-    "auto_scale_batch_size": "Lightning's Tuner.scale_batch_size, outside the command line",
-    "move_metrics_to_cpu": "nothing: it went with Lightning 2.0",
-    "multiple_trainloader_mode": "nothing: it went with Lightning 2.0",
-    "truncated_bptt_steps": "nothing: it went with Lightning 2.0",
-    "enable_pl_optimizer": "nothing: it went with Lightning 1.3",
-    "automatic_optimization": "nothing: the model's automatic_optimization attribute (True here)",
-    "prepare_data_per_node": "nothing: it is the datamodule's attribute now",
-    "checkpoint.period": "--checkpoint.every_n_epochs",
-    "checkpoint.every_n_val_epochs": "--checkpoint.every_n_epochs",
-    "checkpoint.filepath": "--checkpoint.dirpath and --checkpoint.filename",
-    "checkpoint.prefix": "--checkpoint.filename",
-}
-# Values of Lightning 1.x for an accelerator or a strategy, and today's.
-OLDER_VALUES = {
-    **dict.fromkeys(("ddp", "ddp_spawn", "dp", "ddp2", "horovod"), "--trainer.strategy ddp"),
-    "ddp_cpu": "--trainer.strategy ddp with --trainer.accelerator cpu",
-    **dict.fromkeys(
-        ("ddp_sharded", "ddp_sharded_spawn", "ddp_fully_sharded", "fsdp_native"), "--trainer.strategy fsdp"
-    ),
-}
-
-
-def older_name(option: str) -> str | None:
-    """Today's way to say what `option` of Lightning 1.x said (`--trainer.gpus`), or None for an option of today."""
-    section, _, name = option.lstrip("-").rpartition(".")
-    if section in ("checkpoint", "last_checkpoint"):  # the same class's options
-        return (OLDER_NAMES.get(f"checkpoint.{name}") or "").replace("--checkpoint.", f"--{section}.") or None
-    return OLDER_NAMES.get(name) if section in ("", "trainer") else None
-
-
-def older_options(args: list[str]) -> list[str]:
-    """The options of Lightning 1.x on the command line `args` and in the config files it names, in order."""
-    found = []
-    for index, arg in enumerate(args):
-        name, has_value, value = arg.partition("=")
-        if name in ("-c", "--config"):
-            with contextlib.suppress(OSError, yaml.YAMLError, IndexError):
-                settings = yaml.safe_load(Path(value if has_value else args[index + 1]).read_text())
-                found += options_of(settings) if isinstance(settings, dict) else []
-        found.append(name)
-    return [option for option in dict.fromkeys(found) if option.startswith("--") and older_name(option)]
-
-
-def parser_line(message: str, options: list[str], args: list[str] = (), subcommand: str = "fit") -> str:
-    """jsonargparse's error `message` as one line: the option, its value and the deepest cause; an unknown option
-    with today's name of a Lightning 1.x one, or the closest of `options` (`--trainer.max_epochs`, else the help of
-    `subcommand`); `args`: the command line, where a value the message leaves out was typed."""
-    unknown = re.search(
-        r"unrecognized arguments: (\S+)|does not accept option '([^']+)'|Option '([^']+)' is not", message
-    )
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    if unknown:
-        name = next(group for group in unknown.groups() if group).lstrip("-").split("=")[0]
-        option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
-        if older_name(option):  # each of the command's, at once
-            olders = [option, *(o for o in older_options(list(args)) if o != option)]
-            today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
-            are = "are options" if olders[1:] else "is an option"
-            return f"{', '.join(olders)} {are} of Lightning 1.x; today: {today}."
-        return f"{option}: no such option{_closest(option, options, subcommand)}"
-    lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
-    causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]
-    deepest = max(causes, key=lambda line: len(line) - len(line.lstrip())).strip().lstrip("- ")
-    given = re.findall(r"^( *)Given value: (.*?)(?:\. Got value.*)?$", message, re.MULTILINE)
-    value = max(given, key=lambda found: len(found[0]))[1] if given else ""
-    option = f"--{'.'.join(keys)}"
-    if not value or value.startswith(("NestedArg", "{", "Namespace")):  # as typed, where it was
-        typed = [
-            b if a == option else a.partition("=")[2]
-            for a, b in zip(args, [*args[1:], ""], strict=True)
-            if a == option or a.startswith(f"{option}=")
-        ]
-        value = typed[-1] if typed else ""
-    deepest = re.sub(r'^Parser key "[^"]+": ', "", deepest)
-    return f"{option}{f' {value}' if value else ''}: {deepest}" if keys else " ".join(message.split())
-
-
-def _closest(option: str, options: list[str], subcommand: str) -> str:
-    """`; did you mean --trainer.max_epochs?` for the closest option by its whole name or its last part, or `.`."""
-    last = {candidate.rsplit(".", 1)[-1].lstrip("-"): candidate for candidate in options}
-    close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
-    close = close or [
-        last[name] for name in difflib.get_close_matches(option.rsplit(".", 1)[-1].lstrip("-"), last, n=1)
-    ]
-    return f"; did you mean {close[0]}?" if close else f". train.py {subcommand} --help lists every option."
-
-
 def on(pieces: list, trainer, logger) -> dict:
     """The Trainer's callbacks and plugins (`trainer`: its settings, built): its own, those of `pieces` that are on
     (off means absent: the checkpoints without `enable_checkpointing`, the learning rate's monitor without a logger, a
@@ -221,45 +123,6 @@ def on(pieces: list, trainer, logger) -> dict:
     )
     plugins += [] if any(isinstance(plugin, CheckpointIO) for plugin in plugins) else [AtomicCheckpointIO()]
     return {"callbacks": [*callbacks, *pieces], "plugins": plugins}
-
-
-def rejected(error: BaseException, settings: dict, sections: dict[str, type]) -> UserError | None:
-    """What a class the command's `settings` name rejected as it was built from them (its ValueError, TypeError or
-    MisconfigurationException, which jsonargparse may wrap), as a mistake in one line naming the options: those of
-    its section (`sections`: the class of each) the message names, by their name or by the value it quotes (a float
-    or a word), else the section; None where no section's class raised it (a bug)."""
-    cause = error
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    if isinstance(cause, UserError) or not isinstance(cause, ValueError | TypeError | MisconfigurationException):
-        return None
-    frames, traceback = [], cause.__traceback__
-    while traceback is not None:  # the outermost frame of a section's class building itself, with its arguments
-        frames.append(traceback.tb_frame)
-        traceback = traceback.tb_next
-    classes = tuple(sections.values())
-    built = next((f.f_locals for f in frames if isinstance(f.f_locals.get("self"), classes)), {})
-    candidates = [key for key, kind in sections.items() if isinstance(built.get("self"), kind)]
-
-    def given(key: str) -> bool:  # the section's settings are the arguments it was being built with
-        section = settings.get(key) or {}
-        section = section.get("init_args", section)
-        return all(str(section[name]) == str(value) for name, value in built.items() if name in section)
-
-    candidates = [key for key in candidates if given(key)] or candidates
-    if not candidates:
-        return None
-    message, words = " ".join(str(cause).split()), set(re.findall(r"[\w.+-]+", str(cause).replace("`", " ")))
-    options = {o: v for o, v in options_of(settings).items() if o.lstrip("-").split(".")[0] == candidates[0]}
-
-    def quoted(value: object) -> bool:  # a value the message quotes (numbers of other options would be chance)
-        values = value if isinstance(value, list | tuple) else [value]
-        return any(isinstance(v, float | str) and not isinstance(v, bool) and str(v) in words for v in values)
-
-    named = [option for option in options if option.rsplit(".", 1)[-1] in words]
-    chosen = [o for o in named if quoted(options[o])] or named or [o for o in options if quoted(options[o])]
-    said = " ".join(f"{option} {options[option]}" for option in chosen) or f"--{candidates[0]}"
-    return UserError(f"{said}: {message}", every_process=True)
 
 
 def settle(config) -> None:

@@ -11,7 +11,8 @@ import torch
 from lightning.pytorch import Callback
 
 from app.console import UserError
-from app.runs import RunLogger, find_start, next_record, records
+from app.runs import RunLogger, next_record, records
+from app.start import find_start
 from tests.helpers import run_in_process, small_run
 
 
