@@ -153,7 +153,11 @@ class TrainCLI(LightningCLI):
         if self.test_after_fit and (best or self.trainer.global_step > 0):  # (ddp_spawn's steps: not in this process)
             if not best:  # fast_dev_run, --trainer.enable_checkpointing false: as Lightning's test()
                 rank_zero_info("Testing the weights as the fit left them: it saved no best checkpoint.")
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
+            try:
+                self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
+            except Stopped as stop:  # the fit's work is kept: what tests it
+                stop.command = ["test", "--ckpt_path", best] if best else []  # (the weights as the fit left them)
+                raise
             metrics.update(self.trainer.callback_metrics)
         elif self.test_after_fit:
             rank_zero_info("No test: the fit saved no checkpoint and took no training step in this process.")
@@ -188,10 +192,10 @@ def main(args: list[str] | None = None) -> None:
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
         return print(HELP.strip())
 
-    command = [runnable(Path(sys.executable)), here(Path(__file__)), *["fit"] * (subcommand == "fit")]
+    ending = ([runnable(Path(sys.executable)), here(Path(__file__))], args, subcommand == "fit", shortcuts)
     if subcommand == "export":
-        end_the_job(lambda: export(cli_args[1:]), command, shortcuts)
-    end_the_job(lambda: wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy), command, shortcuts)
+        end_the_job(lambda: export(cli_args[1:]), *ending)
+    end_the_job(lambda: wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy), *ending)
 
 
 if __name__ == "__main__":

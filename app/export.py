@@ -13,6 +13,7 @@ it. The ONNX file names the classes in its metadata (`class_names`, a JSON list;
 import argparse
 import io
 import json
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -36,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 def export(argv: list[str]) -> int:
     """Write the file `argv` (export's options) asks for, and say where: exit status 0."""
-    train = f"{runnable(Path(sys.executable))} {here(Path(__file__).parents[1] / 'train.py')}"
+    train = shlex.join([runnable(Path(sys.executable)), here(Path(__file__).parents[1] / "train.py")])
     usage = f"{train} export --ckpt_path CKPT --format onnx|torchscript --output FILE"
     parser = _Parser(
         prog=f"{train} export",
@@ -54,7 +55,8 @@ def export(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     output = Path(args.output)
     if args.output.endswith("/") or output.is_dir():
-        raise UserError(f"--output {args.output} names a folder: give the file to write ({output / 'model.onnx'}).")
+        suggested = shlex.quote(str(output / "model.onnx"))
+        raise UserError(f"--output {args.output} names a folder: give the file to write (--output {suggested}).")
     if output.exists() or output.is_symlink():
         raise UserError(f"--output {output} exists already: give another file name, or remove it first.")
     runs = Path(args.root) / run_name(args.model or "SeqNet", args.dataset or "fashion_mnist")

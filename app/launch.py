@@ -82,11 +82,16 @@ def settle_shape(trainer, stop, kubeflow: bool) -> None:
         stop.save_every_s = 60.0
 
 
-def end_the_job(run: Callable[[], int], command: list[str], shortcuts: list[str]) -> NoReturn:
+def end_the_job(
+    run: Callable[[], int], program: list[str], args: list[str], fit: bool, shortcuts: list[str]
+) -> NoReturn:
     """Run the program's work (`run`, which gives the job's exit status) and end the process as a shell expects: 0; 1
     after a mistake or a bug, said in one line or a short traceback (`report`); after a stop by a signal, by that
-    signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the `command` that continues the run and
-    the `shortcuts` it was given (`--devices 2`). The program's lines (`rank_zero_info`) stand below the bar."""
+    signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the command that goes on, quoted for a
+    shell: `program` (`python train.py`, and `fit` where the command named it) continuing the run's folder with the
+    `shortcuts` it was given (`--devices 2`), the stop's own `command`, or the same `args` again (a stop that kept
+    nothing: an evaluation cut short, a fit before its first step). The program's lines (`rank_zero_info`) stand below
+    the progress bar."""
     status = 0
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
@@ -100,8 +105,13 @@ def end_the_job(run: Callable[[], int], command: list[str], shortcuts: list[str]
     try:
         status = run()
     except Stopped as stop:  # the run's folder is what --ckpt_path continues, with its settings
-        if stop.checkpoint and (run_folder := Path(stop.checkpoint).parent.parent).joinpath("config.yaml").is_file():
-            rank_zero_info(f"Continue with: {shlex.join([*command, '--ckpt_path', str(run_folder), *shortcuts])}")
+        folder, fit = Path(stop.checkpoint or "").parent.parent, ["fit"] * fit  # without fit named, a test follows
+        if stop.command:
+            rank_zero_info(f"Continue with: {shlex.join([*program, *stop.command, *shortcuts])}")
+        elif stop.command is None and stop.checkpoint and (folder / "config.yaml").is_file():
+            rank_zero_info(f"Continue with: {shlex.join([*program, *fit, '--ckpt_path', str(folder), *shortcuts])}")
+        elif stop.command is None and stop.checkpoint is None:
+            rank_zero_info(f"Run it again with: {shlex.join([*program, *args])}")
         status = -stop.signum
     except KeyboardInterrupt:
         status = -signal.SIGINT

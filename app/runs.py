@@ -8,6 +8,7 @@ import fcntl
 import itertools
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -78,7 +79,7 @@ def check_folders(trainer, start: "Start | None", subcommand: str) -> None:
         return
     logger = next((logger for logger in trainer.loggers if isinstance(logger, RunLogger)), None)
     if logger is not None and start is not None and start.continues:  # another's run, say
-        how = f"Start a new run from its weights (--model.weights {start.checkpoint})"
+        how = f"Start a new run from its weights (--model.weights {shlex.quote(str(start.checkpoint))})"
         check_writable(f"--ckpt_path {start.named}", start.run / CHECKPOINTS, how)
     elif logger is not None and start is not None and start.run is not None and subcommand != "fit":
         how = "Logs go beside the run evaluated: copy its checkpoint to a file, give that and a folder of yours"

@@ -1,6 +1,7 @@
 """What `--ckpt_path` names: a checkpoint file, a run's folder, or `last`, the newest run of a model on a dataset
 (`find_start`), the settings it brings, and where the command then writes (docs/run-folder.md)."""
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,9 @@ MAY_CHANGE = ("--model.channels_last", "--model.compile", "--model.cuda_graph", 
               "--data.pin_memory", "--data.on_device", "--data.eval_batch_size", "--data.batch_size",
               "--data.predict_dir")
 # fmt: on
+
+
+WHERE_IT_RUNS = ("devices", "num_nodes", "accelerator")  # the Trainer's settings a continued run takes anew
 
 
 def newest_run(runs: Path) -> Path | None:
@@ -47,7 +51,8 @@ class Start:
         fit, named = subcommand == "fit", self.run if self.continues else self.checkpoint
         for option in (o for o in before if o.startswith(kept) and not o.startswith(MAY_CHANGE)):
             if option in now and now[option] != before[option]:
-                how = f", or start a new run from its weights (--model.weights {self.checkpoint})" if fit else ""
+                weights = shlex.quote(str(self.checkpoint))
+                how = f", or start a new run from its weights (--model.weights {weights})" if fit else ""
                 raise UserError(
                     f"{option} {now[option]}: --ckpt_path {named} was trained with {option} {before[option]}, which"
                     f" {'it continues with' if fit else 'its weights need'}. Leave {option} out (the checkpoint's is"
@@ -108,6 +113,8 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
                 )
             for key in ("ckpt_path", "config", "weights_only"):
                 settings.pop(key, None)
+            for key in WHERE_IT_RUNS:  # the processes, the nodes and the accelerator are the command's, as it runs now
+                (settings.get("trainer") or {}).pop(key, None)
             return Start(ckpt_path, checkpoint, contents, run, settings, continues=True)
         return Start(ckpt_path, checkpoint, contents, run, checkpoint_settings(contents), subcommand == "fit")
     contents = read_checkpoint(run, weights_only)

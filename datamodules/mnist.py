@@ -9,6 +9,7 @@ where the model normalises it with the statistics this module names (`mean`, `st
 import multiprocessing.util
 import os
 import re
+import shlex
 import shutil
 import signal
 from functools import partial
@@ -232,7 +233,7 @@ class MNISTDataModule(LightningDataModule):
             if not _holds_the_files(self.dataset_class, folder):
                 continue
             if folder.name == "raw" and folder.parent.name == name:
-                where = f"give --data.data_dir {folder.parents[1]}, the folder that holds {name}/raw/"
+                where = f"give --data.data_dir {shlex.quote(str(folder.parents[1]))}, the folder that holds {name}/raw/"
             else:
                 where = f"move them into {self.raw_folder}/, where torchvision reads them"
             raise DataError(f"--data.data_dir {data_dir}: {name}'s files are in {folder}; {where}.")

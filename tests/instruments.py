@@ -96,7 +96,8 @@ class FailAtExit(Callback):
 
 class RecordTrainSamples(Callback):
     """Writes which training samples this process was given, in order, per epoch, as indices into the training
-    split (the synthetic images all differ), to `<default_root_dir>/samples/rank<R>_epoch<E>[_stopped].json`."""
+    split (the synthetic images all differ), to `<default_root_dir>/samples/rank<R>_epoch<E>[_stopped].json` (an epoch
+    cut short: `_stopped`)."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         images, _targets = trainer.datamodule.train_set.tensors
@@ -110,7 +111,8 @@ class RecordTrainSamples(Callback):
         self.seen += [self.index_of[image.numpy().tobytes()] for image in batch[0]]
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._write(trainer, "")
+        whole = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # or cut short by the time budget
+        self._write(trainer, "" if whole else "_stopped")
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._write(trainer, "_stopped")

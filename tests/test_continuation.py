@@ -105,10 +105,11 @@ def test_a_run_stopped_by_its_time_budget_mid_epoch_continues_from_the_next_samp
     a step) stops at the step's end."""
     budget = ("--trainer.max_time", "00:00:00:04", "--trainer.accumulate_grad_batches", str(accumulate))
     spent = ("--trainer.callbacks+=tests.instruments.BudgetSpentAt", "--trainer.callbacks.batch", str(batch))
-    assert train(data_dir, tmp_path, 2, *budget, *spent, batch_size=50 // accumulate) == [0, 0]  # the chain goes on
+    assert train(data_dir, tmp_path, 2, *budget, *spent, batch_size=50 // accumulate) == [0, 0]
     assert final(tmp_path)["global_step"] == step  # mid-epoch 1 (10 steps an epoch)
     said = (tmp_path / "rank0.log").read_text()
-    assert f"Stopped by the time budget (max_time) in epoch 1, after step {step}; {tmp_path / LAST} holds" in said
+    assert f"The time budget (max_time) ends the fit in epoch 1, after step {step}; {tmp_path / LAST} holds" in said
+    assert "Finished: test/acc" in said  # the test of the best checkpoint follows, as after any fit
     assert train(data_dir, tmp_path, 2, *budget, "--ckpt_path", "last", batch_size=50 // accumulate) == [0, 0]
     assert final(tmp_path)["global_step"] == 20
     assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-5

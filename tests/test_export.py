@@ -61,7 +61,7 @@ def test_exported_model_takes_pixels_and_gives_the_checkpoints_logits(
         ({"--output": "a_file/model.onnx"}, "cannot write there"),
         ({"--output": None}, "required: --output"),
         ({"--output": "a_file"}, "--output a_file exists already: give another file name, or remove it first."),
-        ({"--output": "new/"}, "--output new/ names a folder: give the file to write (new/model.onnx)."),  # not `new`
+        ({"--output": "new/"}, "--output new/ names a folder: give the file to write (--output new/model.onnx)."),
         ({"--model": "ConvNet"}, "holds a SeqNet, but --model names ConvNet: leave --model out"),  # as test does
         ({"--data.dataset": "FashionMNIST"}, "holds a model trained on mnist, but --data.dataset names fashion_mnist"),
     ],

@@ -3,6 +3,7 @@
 import csv
 import os
 import re
+import shlex
 import shutil
 import signal
 from pathlib import Path
@@ -228,6 +229,7 @@ def test_a_stop_signal_during_an_evaluation_stops_it_at_once_by_that_signal(chec
     assert "Finished" not in result.stderr and "Predictions:" not in result.stderr
     assert "KeyboardInterrupt" not in result.stdout + result.stderr  # Lightning's own line too: one line
     assert "Traceback" not in result.stderr
-    said = f"the {subcommand} was cut short and keeps nothing: run the same command to {subcommand}."
-    assert said in result.stdout
+    assert f"the {subcommand} was cut short and keeps nothing." in result.stdout
+    (again,) = [line.removeprefix("Run it again with: ") for line in result.stdout.splitlines() if "again with" in line]
+    assert shlex.split(again)[1:] == ["train.py", *argv]  # the same command, quoted for a shell
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # its folder taken back: no empty figures

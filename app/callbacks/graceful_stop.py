@@ -24,21 +24,22 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Stopped(SystemExit):
-    """Every process stopped at one step after the stop signal `signum` (0: at the end of the time budget), having
-    saved `checkpoint` there (None: nothing). A `SystemExit`, as Lightning's own `SIGTERMException`: uncaught, it ends
-    a script without a traceback, with the status a shell gives a process the signal ended (130 after Ctrl-C, 143
-    after SIGTERM; 0 after the budget: the next link of a chain of jobs starts); train.py ends by the signal itself."""
+    """Every process stopped at one step after the stop signal `signum`, having saved `checkpoint` there (None:
+    nothing). A `SystemExit`, as Lightning's own `SIGTERMException`: uncaught, it ends a script without a traceback,
+    with the status a shell gives a process the signal ended (130 after Ctrl-C, 143 after SIGTERM); train.py ends by
+    the signal itself. `command`: how a program goes on, where it knows (the one it prints; [] for nothing to run)."""
 
-    def __init__(self, signum: int, checkpoint: str | None = None) -> None:
-        super().__init__(128 + signum if signum else 0)
-        self.signum, self.checkpoint = signum, checkpoint
+    def __init__(self, signum: int, checkpoint: str | None = None, command: list[str] | None = None) -> None:
+        super().__init__(128 + signum)
+        self.signum, self.checkpoint, self.command = signum, checkpoint, command
 
 
 class GracefulStop(Callback):
-    """Stop every process of the job at one step on a stop signal, the time budget's end or a diverged loss.
+    """Stop every process of the job at one step on a stop signal or a diverged loss; keep the budget's last step.
 
-    SIGTERM, Ctrl-C (SIGINT), a hang-up (SIGHUP), SLURM's requeue signal, the end of the Trainer's time budget
-    (`max_time`) or a training loss that became NaN or infinite: every process stops at the same step, which is kept.
+    SIGTERM, Ctrl-C (SIGINT), a hang-up (SIGHUP), SLURM's requeue signal or a training loss that became NaN or infinite:
+    every process stops at the same step, which is kept. The end of the Trainer's time budget (`max_time`) ends the
+    fit as Lightning's `Timer` does, and that step is kept too.
 
     Args:
         every_n_steps: Optimizer steps between two checks, each one `strategy.reduce` of four flags (a stop signal,
@@ -57,10 +58,10 @@ class GracefulStop(Callback):
     signal, `scontrol requeue`. A non-finite loss, any step's, is kept on the device and read at the checks and before
     each checkpoint is saved: `UserError` before one could hold it. A signal ignored at the start (SIGHUP under
     `nohup`) stays ignored; the handlers from before come back at the stage's end. The budget's end (Lightning's
-    `Timer` sets `trainer.should_stop` at a step; this callback then runs after it) is kept as a signal is, mid-epoch
-    too, at the end of an accumulated step; a continued run gets a budget of its own, not what is left of the one
-    before (a chain of jobs). Without a checkpoint to keep it, or before `min_epochs`/`min_steps`, the stop is
-    Lightning's.
+    `Timer` sets `trainer.should_stop` at a step; this callback then runs after it) saves `last.ckpt` there, mid-epoch
+    too, at the end of an accumulated step, and the fit ends as Lightning ends it (a validation, the checkpoints, then
+    `fit` returns); a continued run gets a budget of its own, not what is left of the one before (a chain of jobs).
+    Without a checkpoint to keep it, or before `min_epochs`/`min_steps`, the stop is Lightning's alone.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class GracefulStop(Callback):
         self._first_at = 0.0
         self._nonfinite: torch.Tensor | None = None  # on the device: any loss since the last check not finite
         self._step_seen = self._saved_at = 0
+        self._kept: tuple | None = None  # the last checkpoint's settings, while the budget's save stands
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not self.every_n_steps:
@@ -239,12 +241,19 @@ class GracefulStop(Callback):
             self._saved_at = time.monotonic()
         if requeue and trainer.is_global_zero:
             subprocess.run(["scontrol", "requeue", os.environ.get("SLURM_JOB_ID", "")], check=False)
-        if signum or requeue or spent:
-            signum = signum or (self._signals[-1] if requeue else 0)
+        if spent and not (signum or requeue):  # the budget: the fit ends there, as Lightning ends it
+            kept = f"; {path} holds that step" if path else ""
+            if path is not None:  # the run's last checkpoint: the one Lightning saves as the epoch ends would mark
+                self._kept = (self.checkpoint.save_top_k, self.checkpoint.save_last)  # the epoch done, where it
+                self.checkpoint.save_top_k, self.checkpoint.save_last = 0, False  # stopped in the middle
+            epoch, step = trainer.current_epoch, trainer.global_step
+            rank_zero_info(f"The time budget (max_time) ends the fit in epoch {epoch}, after step {step}{kept}.")
+        elif signum or requeue:
+            signum = signum or self._signals[-1]
             when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
             kept = f"{path} holds that step" if path else "nothing was saved (no checkpoint)"
             requeued = "; SLURM was asked to requeue the job" if requeue else ""
-            name = NAMES.get(signum, "SLURM's requeue signal" if signum else "the time budget (max_time)")
+            name = NAMES.get(signum, "SLURM's requeue signal")
             end_bars(trainer)
             rank_zero_info(f"Stopped by {name} in epoch {trainer.current_epoch}, {when}; {kept}{requeued}.")
             self.signal = None
@@ -260,10 +269,7 @@ class GracefulStop(Callback):
         end_bars(trainer)  # the lines said next (the stop's, an error's) stand below them
         if isinstance(exception, Stopped) and self._evaluating:
             stage = trainer.state.fn.value
-            rank_zero_info(
-                f"Stopped by {NAMES[exception.signum]}: the {stage} was cut short and keeps nothing: run the same"
-                f" command to {stage}."
-            )
+            rank_zero_info(f"Stopped by {NAMES[exception.signum]}: the {stage} was cut short and keeps nothing.")
         self._put_back(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -272,6 +278,8 @@ class GracefulStop(Callback):
 
     def _put_back(self, trainer: Trainer) -> None:
         vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # the loop's own method again
+        if self._kept is not None:  # the last checkpoint's saving, as before the budget's end
+            (self.checkpoint.save_top_k, self.checkpoint.save_last), self._kept = self._kept, None
         self._active = self._said = False
         self._nonfinite = self._trainer = None
         if threading.current_thread() is threading.main_thread():
