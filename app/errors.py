@@ -61,25 +61,72 @@ OLDER_VALUES = {
 }
 
 
+# This program's own options that went, as its earlier versions wrote them into configs and run records: the default
+# each had (a run's record that holds it asked for nothing: continued, it is dropped) and what says the same today.
+EARLIER = {
+    "fault_guard.every_n_steps": (50, "--stop.every_n_steps"),
+    "fault_guard.stall_timeout": (60, "--watchdog.timeout"),
+    "fault_guard.checkpoint_every_s": (None, "--stop.save_every_s"),
+    "timed_checkpoint.train_time_interval": (None, "--stop.save_every_s (last.ckpt after so many seconds of training)"),
+    "dashboard.num_images": (32, "nothing: the grid of validation samples went"),
+    "dashboard.images_every_n_epochs": (1, "nothing: the model draws the confusion matrix of every validation"),
+    "predictions.path": (None, "predict's alone (train.py predict --predictions.path FILE)"),
+}
+EARLIER_SECTIONS = ("fault_guard", "timed_checkpoint", "dashboard", "predictions")
+
+
 def older_name(option: str) -> str | None:
-    """Today's way to say what `option` of Lightning 1.x said (`--trainer.gpus`), or None for an option of today."""
+    """Today's way to say what `option` of Lightning 1.x (`--trainer.gpus`) or of an earlier train.py
+    (`--fault_guard.stall_timeout`) said, or None for an option of today."""
     section, _, name = option.lstrip("-").rpartition(".")
     if section in ("checkpoint", "last_checkpoint"):  # the same class's options
         return (OLDER_NAMES.get(f"checkpoint.{name}") or "").replace("--checkpoint.", f"--{section}.") or None
-    return OLDER_NAMES.get(name) if section in ("", "trainer") else None
+    if section == "timed_checkpoint" or option.lstrip("-") in ("fault_guard", "timed_checkpoint"):  # a whole group
+        return EARLIER["timed_checkpoint.train_time_interval"][1] if "timed" in option else "--stop, --watchdog"
+    earlier = EARLIER.get(f"{section}.{name}")
+    return earlier[1] if earlier else OLDER_NAMES.get(name) if section in ("", "trainer") else None
 
 
-def older_options(args: list[str]) -> list[str]:
-    """The options of Lightning 1.x on the command line `args` and in the config files it names, in order."""
-    found = []
+def older_options(args: list[str]) -> dict[str, str | None]:
+    """The options of Lightning 1.x or of an earlier train.py on the command line `args` and in the config files it
+    names, in order, each with the file that holds it (None: the command line)."""
+    found: dict[str, str | None] = {}
     for index, arg in enumerate(args):
         name, has_value, value = arg.partition("=")
         if name in ("-c", "--config"):
             with contextlib.suppress(OSError, yaml.YAMLError, IndexError):
-                settings = yaml.safe_load(Path(value if has_value else args[index + 1]).read_text())
-                found += options_of(settings) if isinstance(settings, dict) else []
-        found.append(name)
-    return [option for option in dict.fromkeys(found) if option.startswith("--") and older_name(option)]
+                file = value if has_value else args[index + 1]
+                settings = yaml.safe_load(Path(file).read_text())
+                found |= dict.fromkeys(options_of(settings) if isinstance(settings, dict) else [], file)
+        found.setdefault(name, None)
+    return {option: file for option, file in found.items() if option.startswith("--") and older_name(option)}
+
+
+def earlier_settings(settings: dict, record: Path, subcommand: str) -> None:
+    """Drop from a run's `settings` (its `record`) the options an earlier train.py wrote that went, where they hold
+    their default then (they asked for nothing); refuse, in one line naming each with today's way, those that do not."""
+    gone = {key for key in EARLIER if subcommand != "predict" or not key.startswith("predictions.")}
+    given = {option[2:]: value for option, value in options_of(settings).items()}
+    asked = [key for key in gone if key in given and given[key] != EARLIER[key][0]]
+    if asked:
+        today = "; ".join(f"--{key} {given[key]} → {EARLIER[key][1]}" for key in asked)
+        raise UserError(
+            f"{record} holds options of an earlier train.py: {today}. Put today's in {record}, then run it."
+        )
+    for section, names in (
+        ("fault_guard", None),
+        ("timed_checkpoint", None),
+        ("dashboard", gone),
+        ("predictions", gone),
+    ):
+        held = settings.get(section)
+        for name in (
+            list(held or {}) if isinstance(held, dict) and section in {key.split(".")[0] for key in gone} else []
+        ):
+            if names is None or f"{section}.{name}" in names:
+                held.pop(name)
+        if isinstance(held, dict) and not held:
+            settings.pop(section)
 
 
 def parser_line(message: str, options: list[str], args: list[str] = (), subcommand: str = "fit") -> str:
@@ -93,11 +140,8 @@ def parser_line(message: str, options: list[str], args: list[str] = (), subcomma
     if unknown:
         name = next(group for group in unknown.groups() if group).lstrip("-").split("=")[0]
         option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
-        if older_name(option):  # each of the command's, at once
-            olders = [option, *(o for o in older_options(list(args)) if o != option)]
-            today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
-            are = "are options" if olders[1:] else "is an option"
-            return f"{', '.join(olders)} {are} of Lightning 1.x; today: {today}."
+        if older_name(option):  # each of the command's, at once, and the file that holds it
+            return _older_line(option, older_options(list(args)))
         return f"{option}: no such option{_closest(option, options, subcommand)}"
     lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
     causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]
@@ -114,6 +158,22 @@ def parser_line(message: str, options: list[str], args: list[str] = (), subcomma
         value = typed[-1] if typed else ""
     deepest = re.sub(r'^Parser key "[^"]+": ', "", deepest)
     return f"{option}{f' {value}' if value else ''}: {deepest}" if keys else " ".join(message.split())
+
+
+def _older_line(option: str, files: dict[str, str | None]) -> str:
+    """The options of Lightning 1.x or an earlier train.py a command holds (`option`, and `files`: each with the file
+    that holds it), by where they are, and today's way to say each."""
+    olders = [option, *(o for o in files if o != option)]
+    places = {file: [o for o in olders if files.get(o) == file] for file in dict.fromkeys(files.get(o) for o in olders)}
+    named = ", ".join(
+        ", ".join(these) if file is None else f"in {file}: {', '.join(these)}" for file, these in places.items()
+    )
+    ours = {o.lstrip("-").split(".")[0] in EARLIER_SECTIONS for o in olders}
+    whose = " or ".join(
+        name for name, theirs in (("Lightning 1.x", False), ("an earlier train.py", True)) if theirs in ours
+    )
+    today = "; ".join(f"{o} → {older_name(o)}" for o in olders) if olders[1:] else older_name(option)
+    return f"{named} {'are options' if olders[1:] else 'is an option'} of {whose}; today: {today}."
 
 
 def _closest(option: str, options: list[str], subcommand: str) -> str:

@@ -9,6 +9,7 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
 from app.console import UserError, options_of
+from app.errors import earlier_settings
 from app.plugins.checkpoint_io import read_checkpoint
 from app.runs import CHECKPOINTS, LAST, RunLogger, records, run_name, versions
 
@@ -113,6 +114,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
                 )
             for key in ("ckpt_path", "config", "weights_only"):
                 settings.pop(key, None)
+            earlier_settings(settings, records(run)[-1], subcommand)
             for key in WHERE_IT_RUNS:  # the processes, the nodes and the accelerator are the command's, as it runs now
                 (settings.get("trainer") or {}).pop(key, None)
             return Start(ckpt_path, checkpoint, contents, run, settings, continues=True)

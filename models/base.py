@@ -168,6 +168,11 @@ class ImageClassifier(LightningModule):
         total, trainer = self.trainer.estimated_stepping_batches, self.trainer
         if not self.hparams.one_cycle or self.lr_scheduler is not None or not 1 <= total < math.inf:
             return  # a scheduler of one's own; no training step, or no known end: the optimizer's constant rate
+        if trainer.global_step > total:  # a continued run given fewer steps than it has taken
+            raise MisconfigurationException(
+                f"the run is at step {trainer.global_step}, past the {int(total)} steps its one-cycle schedule would"
+                " span: give it more (--trainer.max_epochs, --trainer.max_steps, --trainer.limit_train_batches)."
+            )
         optimizer = trainer.optimizers[0]
         peaks = [group.get("max_lr", group["lr"]) for group in optimizer.param_groups]  # a continued run's groups
         cycle = self.hparams.cycle_momentum and ("momentum" in optimizer.defaults or "betas" in optimizer.defaults)

@@ -2,6 +2,7 @@
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,13 +149,13 @@ def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_sub
 def test_a_config_file_of_lightning_1_is_answered_with_todays_names(tmp_path):
     config = tmp_path / "old.yaml"
     config.write_text("trainer:\n  gpus: 2\n")
-    assert "error: --trainer.gpus is an option of Lightning 1.x; today: --trainer.devices N" in error(
+    assert f"error: in {config}: --trainer.gpus is an option of Lightning 1.x; today: --trainer.devices N" in error(
         "--config", str(config)
     )
     # What Lightning 1.9's --print_config wrote: every stale name at once, with today's way to say it
     config.write_text("trainer:\n  max_epochs: 2\n  ipus: null\n  replace_sampler_ddp: true\n  amp_backend: native\n")
     line = error("--config", str(config), "--checkpoint.period", "2")
-    assert "--trainer.ipus, --trainer.replace_sampler_ddp, --trainer.amp_backend are options of Lightning 1.x" in line
+    assert f"in {config}: --trainer.ipus, --trainer.replace_sampler_ddp, --trainer.amp_backend are options" in line
     assert "--trainer.replace_sampler_ddp → --trainer.use_distributed_sampler;" in line
     assert "--checkpoint.period → --checkpoint.every_n_epochs" in line
     assert "--trainer.accelerator ddp: Lightning 1.x's name; today: --trainer.strategy ddp." in error(
@@ -163,6 +164,41 @@ def test_a_config_file_of_lightning_1_is_answered_with_todays_names(tmp_path):
     assert "--trainer.strategy ddp_sharded: Lightning 1.x's name; today: --trainer.strategy fsdp." in error(
         "--trainer.strategy", "ddp_sharded"
     )
+
+
+def test_a_config_of_an_earlier_version_of_this_program_names_every_key_that_went_and_its_file(tmp_path, run, data_dir):
+    config = tmp_path / "before.yaml"  # what the program wrote before 2026-11-28
+    config.write_text(
+        "fault_guard:\n  stall_timeout: 120\ntimed_checkpoint:\n  train_time_interval: null\n"
+        "dashboard:\n  num_images: 16\n  log_graph: true\n"
+    )
+    line = error("--config", str(config))
+    named, today = line.removeprefix(f"error: in {config}: ").split(" are options of an earlier train.py; today: ")
+    assert sorted(named.split(", ")) == [
+        "--dashboard.num_images",
+        "--fault_guard.stall_timeout",
+        "--timed_checkpoint.train_time_interval",
+    ]
+    assert (
+        "--fault_guard.stall_timeout → --watchdog.timeout" in today
+        and "--timed_checkpoint.train_time_interval →" in today
+    )
+    assert "--dashboard.num_images → nothing: the grid of validation samples went" in today
+    # A run's record of the version before: a key it asked for is refused, named; what held the defaults is dropped
+    record = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(record + "fault_guard:\n  stall_timeout: 120\n")
+    assert error(*small_run(data_dir, run.parents[1]), "--ckpt_path", str(run)) == (
+        f"error: {run / 'config.yaml'} holds options of an earlier train.py: --fault_guard.stall_timeout 120 →"
+        f" --watchdog.timeout. Put today's in {run / 'config.yaml'}, then run it."
+    )
+    (run / "config.yaml").write_text(record + "predictions:\n  path: null\nfault_guard:\n  every_n_steps: 50\n")
+    two_of_two = (*small_run(data_dir, run.parents[1], max_epochs=2), "--trainer.limit_train_batches", "2")
+    passed = error(*two_of_two, "--ckpt_path", str(run))  # (a schedule that cannot span the steps already taken)
+    assert re.search(
+        r"the run is at step \d+, past the 4 steps its one-cycle schedule would span: give it more", passed
+    )
+    continued = run_in_process(*small_run(data_dir, run.parents[1], max_epochs=2), "--ckpt_path", str(run))
+    assert continued.returncode == 0 and "continuing" in continued.stdout, continued.stderr[-2000:]
 
 
 def test_an_evaluation_without_weights_or_with_none_to_name_is_refused(tmp_path):
