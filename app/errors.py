@@ -87,9 +87,9 @@ def older_name(option: str) -> str | None:
     return earlier[1] if earlier else OLDER_NAMES.get(name) if section in ("", "trainer") else None
 
 
-def older_options(args: list[str]) -> dict[str, str | None]:
-    """The options of Lightning 1.x or of an earlier train.py on the command line `args` and in the config files it
-    names, in order, each with the file that holds it (None: the command line)."""
+def given_in(args: list[str]) -> dict[str, str | None]:
+    """The options on the command line `args` and in the config files it names, in order, each with the file that
+    holds it (None: the command line)."""
     found: dict[str, str | None] = {}
     for index, arg in enumerate(args):
         name, has_value, value = arg.partition("=")
@@ -99,7 +99,12 @@ def older_options(args: list[str]) -> dict[str, str | None]:
                 settings = yaml.safe_load(Path(file).read_text())
                 found |= dict.fromkeys(options_of(settings) if isinstance(settings, dict) else [], file)
         found.setdefault(name, None)
-    return {option: file for option, file in found.items() if option.startswith("--") and older_name(option)}
+    return found
+
+
+def older_options(args: list[str]) -> dict[str, str | None]:
+    """The options of Lightning 1.x or of an earlier train.py `args` gives (`given_in`), with their files."""
+    return {option: file for option, file in given_in(args).items() if option.startswith("--") and older_name(option)}
 
 
 def earlier_settings(settings: dict, record: Path, subcommand: str) -> None:
@@ -142,7 +147,8 @@ def parser_line(message: str, options: list[str], args: list[str] = (), subcomma
         option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
         if older_name(option):  # each of the command's, at once, and the file that holds it
             return _older_line(option, older_options(list(args)))
-        return f"{option}: no such option{_closest(option, options, subcommand)}"
+        held = f" (in {file})" if (file := given_in(list(args)).get(option)) else ""
+        return f"{option}{held}: no such option{_closest(option, options, subcommand)}"
     lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
     causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]
     deepest = max(causes, key=lambda line: len(line) - len(line.lstrip())).strip().lstrip("- ")
@@ -157,7 +163,47 @@ def parser_line(message: str, options: list[str], args: list[str] = (), subcomma
         ]
         value = typed[-1] if typed else ""
     deepest = re.sub(r'^Parser key "[^"]+": ', "", deepest)
+    if option in CLASSES and re.search(
+        r"dot import path|not accessible or invalid|does not exist|not a subclass", deepest
+    ):
+        known = known_classes(option)  # a class's name: the known ones, and the closest
+        close = [k for k in known if k.lower() == value.lower()] or difflib.get_close_matches(value, known, n=1)
+        meant = f"; did you mean {close[0]}?" if close else "."
+        more = " (a subclass of ImageClassifier in a file of models/ is one more)" if option == "--model" else ""
+        return f"{option} {value}: no such {CLASSES[option]}{meant} Known: {', '.join(known)}{more}."
     return f"{option}{f' {value}' if value else ''}: {deepest}" if keys else " ".join(message.split())
+
+
+# The options that name a class, by what they name; and other programs' names of options, with this program's.
+CLASSES = {"--model": "model", "--model.optimizer": "optimizer", "--model.lr_scheduler": "learning-rate scheduler"}
+ALIASES = {
+    **dict.fromkeys(("learning_rate", "lr_rate", "base_lr"), "--model.optimizer.lr"),
+    **dict.fromkeys(("num_epochs", "n_epochs", "nb_epochs", "epoch"), "--trainer.max_epochs"),
+    **dict.fromkeys(("seed", "random_seed", "manual_seed"), "--seed_everything"),
+    **dict.fromkeys(("bs", "batch", "train_batch_size", "per_device_train_batch_size"), "--data.batch_size"),
+    **dict.fromkeys(("data_path", "dataset_dir", "data_root", "root"), "--data.data_dir"),
+    **dict.fromkeys(("output_dir", "log_dir", "save_dir", "logdir", "run_dir"), "--trainer.default_root_dir"),
+    **dict.fromkeys(("gpu", "num_gpus", "ngpus", "nproc_per_node", "world_size"), "--devices"),
+    **dict.fromkeys(("nodes", "nnodes"), "--num_nodes"),
+    **dict.fromkeys(("resume", "resume_from", "checkpoint_path", "load"), "--ckpt_path"),
+    **dict.fromkeys(("workers", "num_worker", "dataloader_num_workers"), "--data.num_workers"),
+}
+
+
+def known_classes(option: str) -> list[str]:
+    """The classes `option` (one of CLASSES) takes by their name: the models (a subclass of `ImageClassifier` in a file
+    of models/ is one more), or torch's optimizers or learning-rate schedulers."""
+    import torch  # noqa: PLC0415 (only where a name was mistyped)
+
+    if option == "--model":
+        from models import model_names  # noqa: PLC0415
+
+        return model_names()
+    optimizers = option == "--model.optimizer"
+    module = torch.optim if optimizers else torch.optim.lr_scheduler
+    base = torch.optim.Optimizer if optimizers else torch.optim.lr_scheduler.LRScheduler
+    kinds = [(name, kind) for name, kind in vars(module).items() if isinstance(kind, type) and not name.startswith("_")]
+    return sorted(name for name, kind in kinds if issubclass(kind, base) and kind is not base)
 
 
 def _older_line(option: str, files: dict[str, str | None]) -> str:
@@ -177,7 +223,10 @@ def _older_line(option: str, files: dict[str, str | None]) -> str:
 
 
 def _closest(option: str, options: list[str], subcommand: str) -> str:
-    """`; did you mean --trainer.max_epochs?` for the closest option by its whole name or its last part, or `.`."""
+    """`; did you mean --trainer.max_epochs?` for this program's name of another's (`ALIASES`), the closest option by
+    its whole name or its last part, or `.`."""
+    if alias := ALIASES.get(option.rsplit(".", 1)[-1].lstrip("-")):
+        return f"; did you mean {alias}?"
     last = {candidate.rsplit(".", 1)[-1].lstrip("-"): candidate for candidate in options}
     close = difflib.get_close_matches(option, options, n=1, cutoff=0.75)
     close = close or [

@@ -75,6 +75,16 @@ def test_a_file_that_is_no_checkpoint_of_train_py_is_one_line(tmp_path, make, wo
         read_checkpoint(path)
 
 
+@pytest.mark.parametrize("kept", [0.01, 0.05, 0.2, 0.5, 0.9, 0.999])
+def test_a_checkpoint_cut_short_anywhere_is_said_to_be_truncated(tmp_path, kept):
+    """A copy or a download cut off: at any length, the same line (torch's reader fails in several ways)."""
+    path = tmp_path / "cut.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(64, 64)}, "hyper_parameters": {}, "epoch": 1}, path)
+    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * kept)])
+    with pytest.raises(UserError, match=f"--ckpt_path {path} is truncated or corrupt"):
+        read_checkpoint(path)
+
+
 def test_a_missing_file_names_the_checkpoints_of_its_folder(tmp_path):
     (tmp_path / "epoch=0-step=10.ckpt").write_bytes(b"x")
     with pytest.raises(UserError, match=r"holds epoch=0-step=10\.ckpt: give one of them"):

@@ -93,6 +93,14 @@ def test_help_describes_this_program_every_subcommand_and_what_its_ckpt_path_mea
         (["--trainer.max_epochs"], "error: argument --trainer.max_epochs: expected one argument"),
         (["--trainer.check_val_every_n_epoch", "0"], "error: --trainer.check_val_every_n_epoch 0: must be 1 or more."),
         (["--seed_everything", "-1"], "error: --seed_everything -1: must be from 0 to 4294967295."),
+        (["--model", "Convnet"], "error: --model Convnet: no such model; did you mean ConvNet? Known: ConvNet, SeqNet"),
+        (["--model", "MyNet"], "error: --model MyNet: no such model. Known: ConvNet, SeqNet (a subclass of"),
+        (["--model.optimizer", "Adamw"], "error: --model.optimizer Adamw: no such optimizer; did you mean AdamW?"),
+        (["--model.optimizer", "NoSuchOpt"], "no such optimizer. Known: ASGD, Adadelta, "),
+        (["--model.lr_scheduler", "Steplr"], "no such learning-rate scheduler; did you mean StepLR? Known:"),
+        (["--learning_rate", "0.1"], "error: --learning_rate: no such option; did you mean --model.optimizer.lr?"),
+        (["--num_epochs", "3"], "error: --num_epochs: no such option; did you mean --trainer.max_epochs?"),
+        (["--output_dir", "x"], "error: --output_dir: no such option; did you mean --trainer.default_root_dir?"),
     ],
 )
 def test_a_mistake_on_the_command_line_is_one_line_with_its_deepest_cause(args, line):
@@ -144,6 +152,14 @@ def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_sub
         ):
             run_in_process("fit", "--devices", str(devices), "--trainer.accelerator", "cpu")
     assert type(built[1].strategy) is SingleDeviceStrategy and type(built[2].strategy) is RendezvousDDPStrategy
+
+
+def test_an_unknown_option_of_a_config_file_names_the_file(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("trainer:\n  max_epoch: 3\n")
+    assert error("--config", str(config)) == (
+        f"error: --trainer.max_epoch (in {config}): no such option; did you mean --trainer.max_epochs?"
+    )
 
 
 def test_a_config_file_of_lightning_1_is_answered_with_todays_names(tmp_path):

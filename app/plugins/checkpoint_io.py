@@ -16,6 +16,7 @@ from typing_extensions import override
 from app.console import UserError
 
 FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"}
+OTHER = "Give another checkpoint (last.ckpt, or the best one in the same folder)."
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -84,12 +85,14 @@ def read_checkpoint(path: Path, weights_only: bool = True, option: str = "--ckpt
             " code. If you trust where it comes from, add --weights_only false."
         ) from error
     except OSError as error:
-        raise UserError(f"{option} {path}: cannot read it ({error.strerror}).") from error
-    except (RuntimeError, EOFError, ValueError) as error:  # torch's readers, on bytes that are no checkpoint
+        if not os.access(path, os.R_OK):  # else a file one can read that torch cannot (a zip cut short, say)
+            raise UserError(f"{option} {path}: cannot read it ({error.strerror}).") from error
         raise UserError(
-            f"{option} {path} is truncated or corrupt, or an exported model: torch cannot read it as a checkpoint."
-            " Give another checkpoint (last.ckpt, or the best one in the same folder)."
+            f"{option} {path} is truncated or corrupt: torch cannot read it ({error.strerror}). {OTHER}"
         ) from error
+    except (RuntimeError, EOFError, ValueError) as error:  # torch's readers, on bytes that are no checkpoint
+        what = "is truncated or corrupt, or an exported model: torch cannot read it as a checkpoint"
+        raise UserError(f"{option} {path} {what}. {OTHER}") from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
         raise UserError(
             f"{option} {path} is no checkpoint of train.py's: it holds no model state and settings (a file saved"
