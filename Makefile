@@ -10,11 +10,12 @@ LOWEST_PYTHON ?= python3.10
 $(PY):
 	python3 -m venv $(VENV)
 
-# Installed once, and again when pyproject.toml changes: `make test` after `make install` (as CI runs them) does not
-# ask pip a second time.
+# Installed once, and again when pyproject.toml changes: `make test` after `make install` (as CI runs them), or after
+# the README's set-up (`pip install -e ".[dev]"`, newer than pyproject.toml, with the dev tools), does not ask pip again.
 $(VENV)/installed: pyproject.toml | $(PY)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	if [ -z "$$(find $(VENV) -name 'lightning_ddp_mnist-*.dist-info' -newer pyproject.toml)" ] \
+	    || ! $(PY) -m pip show -q pytest pytest-xdist ruff onnx onnxruntime >/dev/null 2>&1; then \
+	    $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e ".[dev]"; fi
 	touch $@
 
 install: $(VENV)/installed

@@ -1,6 +1,7 @@
 """Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: a LightningCLI and a main() (the help,
 `python train.py --help`, is app/settings.py's HELP; docs/architecture.md maps the rest)."""
 
+import atexit
 import json
 import re
 import shlex
@@ -12,6 +13,7 @@ from pathlib import Path
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while the libraries load: the end, by it (nothing written)
 
+import torch.distributed as dist
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -50,6 +52,8 @@ SECTIONS = {"model": (ImageClassifier, Optimizer, LRScheduler), "data": MNISTDat
 SECTIONS |= {key: piece for key, (piece, _settings) in PIECES.items()}
 # Lightning's choice for several processes (`strategy="auto"` picks "ddp"): DDP whose processes meet as app/ has them.
 StrategyRegistry.register("ddp", RendezvousDDPStrategy, "DDP, with app/'s rendezvous", override=True)
+# A process that ddp_spawn started (it imports this module) leaves its process group at exit: gloo's threads abort it.
+atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 
 class TrainCLI(LightningCLI):

@@ -3,6 +3,7 @@ record what it did. Given to train.py as `--trainer.callbacks+=tests.instruments
 
 import atexit
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -83,15 +84,32 @@ class NoSpaceAfterEpoch(Callback):
 
 
 class FailAtExit(Callback):
-    """Global rank `rank` fails as its program ends, after training: aborted (as a C++ library's "terminate called"
-    does), or exit status 3."""
+    """Global rank `rank` fails as its program ends, after training and once global rank 0's work is done (the run's
+    folder no longer held: rank 0 then waits for it): aborted (as a C++ library's "terminate called" does), or exit
+    status 3."""
 
     def __init__(self, rank: int = 1, abort: bool = True) -> None:
         self.rank, self.abort = rank, abort
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.global_rank == self.rank and stage == "fit":
-            atexit.register(os.abort if self.abort else lambda: os._exit(3))
+            atexit.register(self._fail, trainer.default_root_dir)
+
+    def _fail(self, root: str) -> None:
+        (run,) = Path(root).glob(
+            "*/version_*"
+        )  # the test's one run (rank 0's folder; a broadcast would be a collective)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until rank 0 let the run go
+            held = os.open(run, os.O_RDONLY)
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.05)
+            finally:
+                os.close(held)
+        os.abort() if self.abort else os._exit(3)
 
 
 class RecordTrainSamples(Callback):
