@@ -1,7 +1,6 @@
 """Train an image classifier on MNIST or FashionMNIST with PyTorch Lightning: a LightningCLI and a main() (the help,
 `python train.py --help`, is app/settings.py's HELP; docs/architecture.md maps the rest)."""
 
-import atexit
 import json
 import re
 import shlex
@@ -13,18 +12,16 @@ from pathlib import Path
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while the libraries load: the end, by it (nothing written)
 
-import torch.distributed as dist
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
+from torch import optim
 
 from app.callbacks import Dashboard, GracefulStop, PredictionWriter, StallWatchdog, Stopped
-from app.console import UserError, here, options_of, runnable
+from app.console import UserError, here, runnable
 from app.errors import parser_line, rejected
 from app.export import export
 from app.launch import end_the_job, one_process_on_the_cpu, shared, wait_for_the_launched
@@ -36,8 +33,7 @@ from datamodules import MNISTDataModule
 from models import ImageClassifier
 
 ABOUT = dict(re.findall(r"^  (fit|validate|test|predict|export) +(.+)$", HELP, re.M))  # each subcommand's help
-# The pieces the command line configures, `--KEY.OPTION VALUE`, with this program's defaults; off means absent
-# (app/settings.py: `on`), and the prediction writer is predict's.
+# The pieces `--KEY.OPTION VALUE` configures, with this program's defaults (off means absent: app/settings.py, `on`).
 PIECES = {
     "checkpoint": (ModelCheckpoint, {"monitor": "val/acc", "mode": "max"}),  # the best
     "last_checkpoint": (ModelCheckpoint, {"filename": "last", "enable_version_counter": False}),  # each epoch's
@@ -48,12 +44,10 @@ PIECES = {
     "predictions": (PredictionWriter, {}),
 }
 # The class of each section of a command's settings, whose message of a value it refuses names the section's option.
-SECTIONS = {"model": (ImageClassifier, Optimizer, LRScheduler), "data": MNISTDataModule, "trainer": Trainer}
-SECTIONS |= {key: piece for key, (piece, _settings) in PIECES.items()}
+SECTIONS = {"model": (ImageClassifier, optim.Optimizer, optim.lr_scheduler.LRScheduler), "data": MNISTDataModule}
+SECTIONS |= {"trainer": Trainer} | {key: piece for key, (piece, _settings) in PIECES.items()}
 # Lightning's choice for several processes (`strategy="auto"` picks "ddp"): DDP whose processes meet as app/ has them.
 StrategyRegistry.register("ddp", RendezvousDDPStrategy, "DDP, with app/'s rendezvous", override=True)
-# A process that ddp_spawn started (it imports this module) leaves its process group at exit: gloo's threads abort it.
-atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 
 class TrainCLI(LightningCLI):
@@ -108,8 +102,7 @@ class TrainCLI(LightningCLI):
                 self.config[self.chosen].ckpt_path = None  # read: LightningCLI would read it again, as data only
                 self.start.say(self.chosen)
         except ArgumentError as error:  # the deepest line, and the closest of the subcommand's options
-            options = options_of(yaml.safe_load(parser.dump(parser.parse_args([self.chosen])))[self.chosen])
-            raise UserError(parser_line(str(error), list(options), args, self.chosen), every_process=True) from None
+            raise UserError(parser_line(str(error), parser, args, self.chosen), every_process=True) from None
         settle(self.config[self.chosen])
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -183,8 +176,7 @@ class TrainCLI(LightningCLI):
 
     after_test = after_predict = after_validate
 
-    def _stop_if_signalled(self) -> None:
-        """A stop signal after the stage's last check: the stage's work is kept, and the command stops here."""
+    def _stop_if_signalled(self) -> None:  # after the stage's last check: its work is kept, the command stops here
         if signum := self.config_init[self.subcommand].stop.signal:
             raise Stopped(signum)
 
@@ -196,10 +188,12 @@ def main(args: list[str] | None = None) -> None:
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
         return print(HELP.strip())
 
-    ending = ([runnable(Path(sys.executable)), here(Path(__file__))], args, subcommand == "fit", shortcuts)
-    if subcommand == "export":
-        end_the_job(lambda: export(cli_args[1:]), *ending)
-    end_the_job(lambda: wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy), *ending)
+    program = [runnable(Path(sys.executable)), here(Path(__file__))]
+    with end_the_job(program, args, subcommand == "fit", shortcuts) as job:  # the exit status, and what is said
+        if subcommand == "export":
+            job.status = export(cli_args[1:])
+        else:
+            job.status = wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy)
 
 
 if __name__ == "__main__":

@@ -134,10 +134,12 @@ def earlier_settings(settings: dict, record: Path, subcommand: str) -> None:
             settings.pop(section)
 
 
-def parser_line(message: str, options: list[str], args: list[str] = (), subcommand: str = "fit") -> str:
+def parser_line(message: str, parser, args: list[str] = (), subcommand: str = "fit") -> str:
     """jsonargparse's error `message` as one line: the option, its value and the deepest cause; an unknown option
-    with today's name of a Lightning 1.x one, or the closest of `options` (`--trainer.max_epochs`, else the help of
-    `subcommand`); `args`: the command line, where a value the message leaves out was typed."""
+    with today's name of a Lightning 1.x one, or the closest of the options of `subcommand` in `parser`
+    (`--trainer.max_epochs`, else its help); `args`: the command line, where a value the message leaves out was
+    typed."""
+    options = list(options_of(yaml.safe_load(parser.dump(parser.parse_args([subcommand])))[subcommand]))
     unknown = re.search(
         r"unrecognized arguments: (\S+)|does not accept option '([^']+)'|Option '([^']+)' is not", message
     )

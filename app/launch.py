@@ -1,6 +1,7 @@
 """How the processes of a job were started: the shape a launcher gave them, what every node must agree on, the
 exit status of the processes Lightning's launcher started, and the threads of one process on a shared CPU."""
 
+import atexit
 import gc
 import hashlib
 import logging
@@ -12,9 +13,10 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,9 @@ PER_NODE = ("--ckpt_path", "--config", "--trainer.default_root_dir", "--trainer.
             "--checkpoint.dirpath", "--last_checkpoint.dirpath", "--predictions.path")
 # fmt: on
 PROGRAM = Path(__file__).resolve().parents[1]
+# A process that ddp_spawn started (it imports train.py, and so this) leaves its process group at its exit, where
+# gloo's threads would abort it ("terminate called without an active exception"): it goes first.
+atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 
 def launcher_shape(kubeflow: bool = False) -> dict | None:
@@ -82,17 +87,16 @@ def settle_shape(trainer, stop, kubeflow: bool) -> None:
         stop.save_every_s = 60.0
 
 
-def end_the_job(
-    run: Callable[[], int], program: list[str], args: list[str], fit: bool, shortcuts: list[str]
-) -> NoReturn:
-    """Run the program's work (`run`, which gives the job's exit status) and end the process as a shell expects: 0; 1
-    after a mistake or a bug, said in one line or a short traceback (`report`); after a stop by a signal, by that
-    signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the command that goes on, quoted for a
-    shell: `program` (`python train.py`, and `fit` where the command named it) continuing the run's folder with the
-    `shortcuts` it was given (`--devices 2`), the stop's own `command`, or the same `args` again (a stop that kept
-    nothing: an evaluation cut short, a fit before its first step). The program's lines (`rank_zero_info`) stand below
-    the progress bar."""
-    status = 0
+@contextmanager
+def end_the_job(program: list[str], args: list[str], fit: bool, shortcuts: list[str]) -> Iterator[SimpleNamespace]:
+    """Around the program's work, which sets the job's exit status (`job.status`), end the process as a shell
+    expects: 0; 1 after a mistake or a bug, said in one line or a short traceback (`report`); after a stop by a
+    signal, by that signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the command that goes on,
+    quoted for a shell: `program` (`python train.py`, and `fit` where the command named it) continuing the run's
+    folder with the `shortcuts` it was given (`--devices 2`), the stop's own `command`, or the same `args` again (a
+    stop that kept nothing: an evaluation cut short, a fit before its first step). The program's lines
+    (`rank_zero_info`) stand below the progress bar. The work runs in the caller's frame: no frame of its own."""
+    job = SimpleNamespace(status=0)
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
     for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
@@ -103,7 +107,7 @@ def end_the_job(
         said.addFilter(lambda record: "litlogger" not in record.getMessage())
         said.propagate = False
     try:
-        status = run()
+        yield job
     except Stopped as stop:  # the run's folder is what --ckpt_path continues, with its settings
         folder, fit = Path(stop.checkpoint or "").parent.parent, ["fit"] * fit  # without fit named, a test follows
         if stop.command:
@@ -112,25 +116,25 @@ def end_the_job(
             rank_zero_info(f"Continue with: {shlex.join([*program, *fit, '--ckpt_path', str(folder), *shortcuts])}")
         elif stop.command is None and stop.checkpoint is None:
             rank_zero_info(f"Run it again with: {shlex.join([*program, *args])}")
-        status = -stop.signum
+        job.status = -stop.signum
     except KeyboardInterrupt:
-        status = -signal.SIGINT
+        job.status = -signal.SIGINT
     except SystemExit as end:  # Lightning ends a stage that Ctrl-C interrupted with status 1: a shell loop would go on
-        status = -signal.SIGINT if isinstance(end.__context__, KeyboardInterrupt) else end.code or 0
+        job.status = -signal.SIGINT if isinstance(end.__context__, KeyboardInterrupt) else end.code or 0
     except Exception as error:
         if os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0"):
             raise
         report(error)
-        status = 1
+        job.status = 1
     finally:
         if dist.is_available() and dist.is_initialized():  # else gloo's threads may abort the process at its exit
             dist.destroy_process_group()
     sys.stdout.flush()
     gc.freeze()  # Python's last collection would scan the million objects of torch's and Lightning's: 1 s a process
-    if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-    sys.exit(status)
+    if job.status < 0:
+        signal.signal(-job.status, signal.SIG_DFL)
+        os.kill(os.getpid(), -job.status)
+    sys.exit(job.status)
 
 
 def wait_for_the_launched(strategy: Strategy) -> int:
