@@ -81,9 +81,7 @@ def older_name(option: str) -> str | None:
     section, _, name = option.lstrip("-").rpartition(".")
     if section in ("checkpoint", "last_checkpoint"):  # the same class's options
         return (OLDER_NAMES.get(f"checkpoint.{name}") or "").replace("--checkpoint.", f"--{section}.") or None
-    if section == "timed_checkpoint" or option.lstrip("-") in ("fault_guard", "timed_checkpoint"):  # a whole group
-        return EARLIER["timed_checkpoint.train_time_interval"][1] if "timed" in option else "--stop, --watchdog"
-    earlier = EARLIER.get(f"{section}.{name}")
+    earlier = EARLIER.get(f"{section}.{name}") or EARLIER.get(f"{section}.train_time_interval")  # (any of its own)
     return earlier[1] if earlier else OLDER_NAMES.get(name) if section in ("", "trainer") else None
 
 
@@ -107,31 +105,21 @@ def older_options(args: list[str]) -> dict[str, str | None]:
     return {option: file for option, file in given_in(args).items() if option.startswith("--") and older_name(option)}
 
 
-def earlier_settings(settings: dict, record: Path, subcommand: str) -> None:
+def earlier_settings(settings: dict, record: Path) -> None:
     """Drop from a run's `settings` (its `record`) the options an earlier train.py wrote that went, where they hold
     their default then (they asked for nothing); refuse, in one line naming each with today's way, those that do not."""
-    gone = {key for key in EARLIER if subcommand != "predict" or not key.startswith("predictions.")}
     given = {option[2:]: value for option, value in options_of(settings).items()}
-    asked = [key for key in gone if key in given and given[key] != EARLIER[key][0]]
+    asked = [key for key in EARLIER if key in given and given[key] != EARLIER[key][0]]
     if asked:
         today = "; ".join(f"--{key} {given[key]} → {EARLIER[key][1]}" for key in asked)
         raise UserError(
             f"{record} holds options of an earlier train.py: {today}. Put today's in {record}, then run it."
         )
-    for section, names in (
-        ("fault_guard", None),
-        ("timed_checkpoint", None),
-        ("dashboard", gone),
-        ("predictions", gone),
-    ):
-        held = settings.get(section)
-        for name in (
-            list(held or {}) if isinstance(held, dict) and section in {key.split(".")[0] for key in gone} else []
-        ):
-            if names is None or f"{section}.{name}" in names:
-                held.pop(name)
-        if isinstance(held, dict) and not held:
-            settings.pop(section)
+    for section, name in (key.split(".") for key in EARLIER):
+        if isinstance(held := settings.get(section), dict):
+            held.pop(name, None)
+            if not held or section in ("fault_guard", "timed_checkpoint"):  # (the timed checkpoint's other options)
+                settings.pop(section)
 
 
 def parser_line(message: str, parser, args: list[str] = (), subcommand: str = "fit") -> str:

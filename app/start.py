@@ -114,7 +114,7 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
                 )
             for key in ("ckpt_path", "config", "weights_only"):
                 settings.pop(key, None)
-            earlier_settings(settings, records(run)[-1], subcommand)
+            earlier_settings(settings, records(run)[-1])
             for key in WHERE_IT_RUNS:  # the processes, the nodes and the accelerator are the command's, as it runs now
                 (settings.get("trainer") or {}).pop(key, None)
             return Start(ckpt_path, checkpoint, contents, run, settings, continues=True)
