@@ -56,7 +56,7 @@ class ImageClassifier(LightningModule):
     training step was 1.06x as fast on CPU, and on a GPU it saves kernel launches (`--model.optimizer.fused false`
     for the per-tensor loop).
 
-    Two speed options (benchmarks/README.md has what each gained where measured): `channels_last` (on) stores
+    Two speed options (measured on the 2-core development VM, 2026-11): `channels_last` (on) stores
     images and convolution weights in NHWC order, which made ConvNet's training step 1.24x as fast on CPU and which
     convolution kernels on recent GPUs prefer (SeqNet has no convolutions: nothing changes); `compile` (off)
     compiles the network's forward and backward with `torch.compile`, at a start-up cost (`reduce-overhead` or
@@ -249,7 +249,7 @@ class ImageClassifier(LightningModule):
         """Whether the Trainer this module is attached to puts it on a GPU; not attached to one: no."""
         try:
             trainer = self.trainer
-        except RuntimeError:  # not attached: configure_model called by hand (benchmarks/ddp_paths.py)
+        except RuntimeError:  # not attached: configure_model called by hand (benchmarks/plain_ddp.py)
             return False
         return trainer.strategy.root_device.type == "cuda"
 

@@ -25,7 +25,7 @@ class ConvNet(ImageClassifier):
         kernel_sizes: Kernel size of the first and the second convolution.
         hidden: Width of the hidden linear layer.
         batch_norm: BatchNorm after each convolution. Without it a step launches fewer kernels, which is what a
-            step's time is made of on a GPU at these sizes (benchmarks/README.md, "On a GPU").
+            step's time is made of on a GPU at these sizes.
     """
 
     def __init__(

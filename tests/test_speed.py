@@ -10,7 +10,7 @@ import pytest
 from tests.count_host_reads import CALL, STEP
 from tests.helpers import run_command, small_run
 
-# The project's code that runs at every training step (benchmarks/host_step.py has what each costs); a new one, or
+# The project's code that runs at every training step (benchmarks/step.py times the step they are in); a new one, or
 # work of the project's own that one of these calls, makes the test below fail until it is measured and added here.
 PER_STEP_HOOKS = {
     "graceful_stop.py:on_train_batch_end",  # the loss's flag kept on the device for the check every 50 steps
