@@ -37,6 +37,8 @@ LONGEST_FIRST = [
     "test_continuation",
     "test_graceful_stop",
     "test_stall_watchdog",
+    "test_plain_ddp",
+    "test_pieces",
 ]
 
 

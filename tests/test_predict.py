@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw, ImageOps
 from datamodules.images import mnist_pixels
 from models import SeqNet
 from tests.conftest import TEST_SIZE
-from tests.helpers import one_error_line, run_in_process, run_job, run_train
+from tests.helpers import one_error_line, run_command, run_in_process, run_job, run_train, small_run
 from tests.synthetic import read_idx_images
 
 COMMON = ("--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false")
@@ -233,3 +233,15 @@ def test_a_stop_signal_during_an_evaluation_stops_it_at_once_by_that_signal(chec
     (again,) = [line.removeprefix("Run it again with: ") for line in result.stdout.splitlines() if "again with" in line]
     assert shlex.split(again)[1:] == ["train.py", *argv]  # the same command, quoted for a shell
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # its folder taken back: no empty figures
+
+
+@pytest.mark.slow
+def test_a_stop_during_the_test_after_a_fit_prints_the_command_that_tests_the_best_checkpoint(data_dir, tmp_path):
+    stop = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step", "-2")
+    stopped = run_train(*small_run(data_dir, tmp_path, *stop, devices=1))
+    assert stopped.returncode == -signal.SIGTERM and "the test was cut short" in stopped.stdout, stopped.stderr[-3000:]
+    (best,) = (tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints").glob("epoch=*.ckpt")
+    (command,) = [line.removeprefix("Continue with: ") for line in stopped.stdout.splitlines() if "Continue" in line]
+    assert shlex.split(command)[1:] == ["train.py", "test", "--ckpt_path", str(best), "--devices", "1"]
+    tested = run_command([*shlex.split(command), *small_run(data_dir, tmp_path)])
+    assert tested.returncode == 0 and "Finished: test/acc" in tested.stdout, tested.stderr[-3000:]

@@ -53,17 +53,6 @@ def test_sigterm_stops_every_process_at_one_step_and_the_printed_command_continu
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
 
 
-def test_a_stop_during_the_test_after_a_fit_prints_the_command_that_tests_the_best_checkpoint(data_dir, tmp_path):
-    stop = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step", "-2")
-    stopped = run_train(*small_run(data_dir, tmp_path, *stop, devices=1))
-    assert stopped.returncode == -signal.SIGTERM and "the test was cut short" in stopped.stdout, stopped.stderr[-3000:]
-    (best,) = (tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints").glob("epoch=*.ckpt")
-    (command,) = [line.removeprefix("Continue with: ") for line in stopped.stdout.splitlines() if "Continue" in line]
-    assert shlex.split(command)[1:] == ["train.py", "test", "--ckpt_path", str(best), "--devices", "1"]
-    tested = run_command([*shlex.split(command), *small_run(data_dir, tmp_path)])
-    assert tested.returncode == 0 and "Finished: test/acc" in tested.stdout, tested.stderr[-3000:]
-
-
 def test_ctrl_c_in_a_shell_loop_stops_the_loop(data_dir, tmp_path):
     """A terminal's Ctrl-C reaches every process of the foreground group, the shell's too: bash ends the loop only if
     the program ends by SIGINT (an exit status of 1 would run the next command)."""
