@@ -74,7 +74,9 @@ class TrainCLI(LightningCLI):
             )
         except (ValueError, TypeError, MisconfigurationException) as error:  # before the stage: a value refused
             refused = hasattr(self, "config") and not self.checked  # as a class the settings name was built
-            raise (rejected(error, self._settings(), SECTIONS) if refused else None) or error from error
+            if refused and (mistake := rejected(error, self._settings(), SECTIONS)) is not None:
+                raise mistake from error
+            raise
 
     def subcommands(self) -> dict[str, set[str]]:
         """The subcommand asked for alone: each subcommand's parser takes 0.1 s to build."""
@@ -128,7 +130,7 @@ class TrainCLI(LightningCLI):
         return yaml.safe_load(self.parser.dump(self.config, skip_unset=False))[self.chosen]
 
     def before_fit(self) -> None:
-        self.model.check_fit(self.trainer)  # (its optimizer, built on its parameters)
+        self.model.check_fit(self.trainer, new_run=self.start is None)  # (a checkpoint restores its weights)
         if self.start is not None and (saved := self.start.contents.get(type(self.datamodule).__qualname__)):
             epoch, trainer = self.start.contents.get("epoch", 0), self.trainer  # its global batch, kept
             self.datamodule.continue_from(saved, trainer.world_size, trainer.accumulate_grad_batches, epoch)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import yaml
+from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from app.console import UserError, options_of
@@ -226,22 +227,32 @@ def _closest(option: str, options: list[str], subcommand: str) -> str:
 
 
 def rejected(error: BaseException, settings: dict, sections: dict[str, type]) -> UserError | None:
-    """What a class the command's `settings` name rejected as it was built from them (its ValueError, TypeError or
-    MisconfigurationException, which jsonargparse may wrap), as a mistake in one line naming the options: those of
-    its section (`sections`: the class of each) the message names, by their name or by the value it quotes (a float
-    or a word), else the section; None where no section's class raised it (a bug)."""
+    """What a class the command's `settings` name refused as it was built from them (a ValueError, TypeError or
+    MisconfigurationException its `__init__` raised, which jsonargparse may wrap), as a mistake in one line naming
+    the options of its section (`sections`: the class of each) the message names, by their name or by the value it
+    quotes (a float or a word); a callback of `--trainer.callbacks` by its class. None for anything else (a bug, or a
+    line that names its option already)."""
     cause = error
     while cause.__cause__ is not None:
         cause = cause.__cause__
-    if isinstance(cause, UserError) or not isinstance(cause, ValueError | TypeError | MisconfigurationException):
+    message = " ".join(str(cause).split())
+    if not isinstance(cause, ValueError | TypeError | MisconfigurationException) or message.startswith("--"):
         return None
     frames, traceback = [], cause.__traceback__
-    while traceback is not None:  # the outermost frame of a section's class building itself, with its arguments
+    while traceback is not None:  # the outermost `__init__` of a section's class, with its arguments
         frames.append(traceback.tb_frame)
         traceback = traceback.tb_next
-    classes = tuple(sections.values())
-    built = next((f.f_locals for f in frames if isinstance(f.f_locals.get("self"), classes)), {})
+    classes = (*sections.values(), Callback)
+    inits = [
+        f.f_locals for f in frames if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), classes)
+    ]
+    built = inits[0] if inits else {}
     candidates = [key for key, kind in sections.items() if isinstance(built.get("self"), kind)]
+    words = set(re.findall(r"[\w.+-]+", str(cause).replace("`", " ")))
+
+    def quoted(value: object) -> bool:  # a value the message quotes (numbers of other options would be chance)
+        values = value if isinstance(value, list | tuple) else [value]
+        return any(isinstance(v, float | str) and not isinstance(v, bool) and str(v) in words for v in values)
 
     def given(key: str) -> bool:  # the section's settings are the arguments it was being built with
         section = settings.get(key) or {}
@@ -249,16 +260,15 @@ def rejected(error: BaseException, settings: dict, sections: dict[str, type]) ->
         return all(str(section[name]) == str(value) for name, value in built.items() if name in section)
 
     candidates = [key for key in candidates if given(key)] or candidates
+    arguments = {name: value for name, value in built.items() if name != "self"}
+    if not candidates and any(name in words or quoted(value) for name, value in arguments.items()):
+        return UserError(f"--trainer.callbacks {type(built['self']).__name__}: {message}")  # one of its arguments
     if not candidates:
         return None
-    message, words = " ".join(str(cause).split()), set(re.findall(r"[\w.+-]+", str(cause).replace("`", " ")))
     options = {o: v for o, v in options_of(settings).items() if o.lstrip("-").split(".")[0] == candidates[0]}
-
-    def quoted(value: object) -> bool:  # a value the message quotes (numbers of other options would be chance)
-        values = value if isinstance(value, list | tuple) else [value]
-        return any(isinstance(v, float | str) and not isinstance(v, bool) and str(v) in words for v in values)
 
     named = [option for option in options if option.rsplit(".", 1)[-1] in words]
     chosen = [o for o in named if quoted(options[o])] or named or [o for o in options if quoted(options[o])]
-    said = " ".join(f"{option} {options[option]}" for option in chosen) or f"--{candidates[0]}"
-    return UserError(f"{said}: {message}", every_process=True)
+    if not chosen:  # a message that names no value of the user's: a bug of the class
+        return None
+    return UserError(f"{' '.join(f'{option} {options[option]}' for option in chosen)}: {message}", every_process=True)

@@ -103,8 +103,6 @@ class ImageClassifier(LightningModule):
                 f"pixel_mean {pixel_mean}, pixel_std {pixel_std}: a mean and a standard deviation more"
                 " than 0 are needed (the inputs are divided by the deviation). Give others, or leave both out."
             )
-        if weights is not None and not os.path.isfile(weights):
-            raise ValueError(f"weights {weights}: no such file. Give a checkpoint file of a trained run.")
         self.save_hyperparameters()
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -124,23 +122,33 @@ class ImageClassifier(LightningModule):
         self._step_said = True  # what a step is made of: said at a fit's first batch
 
     def setup(self, stage: str) -> None:
-        """When fitting without statistics given, take those of the datamodule's dataset (or of `weights`); refuse a
-        Trainer the model cannot be fitted with; a new run starts from `weights`."""
+        """When fitting without statistics given, take those of the datamodule's dataset; refuse a Trainer the model
+        cannot be fitted with."""
         datamodule = self.trainer.datamodule
         if stage != "fit":
             return
-        if self.hparams.weights and self.trainer.ckpt_path is None:  # a continued run has its own
+        self.check_fit(self.trainer, new_run=False)  # `weights`: at the fit's start, where a restored run is known
+        if self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
+            self.hparams.pixel_mean, self.hparams.pixel_std = datamodule.mean, datamodule.std
+
+    def on_fit_start(self) -> None:
+        """A new run starts from `weights` (with their statistics); a run Lightning restored from `ckpt_path` has its
+        own, and needs the file no more."""
+        if self.hparams.weights and self.trainer.ckpt_path is None:
+            self.check_fit(self.trainer, new_run=True)
             saved = torch.load(self.hparams.weights, map_location="cpu", weights_only=True)
             self.on_load_checkpoint(saved)
             self.load_state_dict(saved["state_dict"])
-        if self.hparams.pixel_mean is None and hasattr(datamodule, "mean"):
-            self.hparams.pixel_mean, self.hparams.pixel_std = datamodule.mean, datamodule.std
-        self.check_fit(self.trainer)
 
-    def check_fit(self, trainer: Trainer) -> None:
-        """Refuse a Trainer this model cannot be fitted with (what `cuda_graph` needs), and settings its optimizer
-        refuses (torch's ValueError, once built on the parameters). train.py asks before it starts the processes;
-        `setup` asks again (the Trainer alone), for a Trainer of a user's own code."""
+    def check_fit(self, trainer: Trainer, new_run: bool) -> None:
+        """Refuse a Trainer this model cannot be fitted with (what `cuda_graph` needs), settings its optimizer refuses
+        (torch's ValueError, once built on the parameters), and for a `new_run` (no checkpoint restored) `weights`
+        that are no file. train.py asks before it starts the processes; `setup` and `on_fit_start` ask again, for a
+        Trainer of a user's own code."""
+        if new_run and self.hparams.weights and not os.path.isfile(self.hparams.weights):
+            raise MisconfigurationException(
+                f"--model.weights {self.hparams.weights}: no such file. Give a checkpoint file, or leave it out."
+            )
         if trainer.state.fn is None:  # not fitting yet: Lightning builds the optimizer it trains with later
             self.configure_optimizers()
         if not self.hparams.cuda_graph:

@@ -185,3 +185,11 @@ class HoldUntilStopped(Callback):
         deadline = time.monotonic() + 60
         while not stop.signal and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+class BrokenAtBuild(Callback):
+    """A callback with a bug: building it raises a ValueError of its own, whatever `every` is."""
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+        raise ValueError("the table of intervals is empty")

@@ -115,21 +115,37 @@ def test_a_mistake_on_the_command_line_is_one_line_with_its_deepest_cause(args, 
         (["--devices", "-1"], "error: --trainer.devices -1: `devices` selected with `CPUAccelerator` should be an int"),
         (["--checkpoint.mode", "bad"], "error: --checkpoint.mode bad: `mode` can be min, max but got bad"),
         (["--last_checkpoint.save_top_k", "-5"], "error: --last_checkpoint.save_top_k -5: Invalid value for save"),
-        (
-            ["--model.weights", "no/such.ckpt"],
-            "error: --model.weights no/such.ckpt: weights no/such.ckpt: no such file",
-        ),
+        (["--model.weights", "no/such.ckpt"], "error: --model.weights no/such.ckpt: no such file. Give a checkpoint"),
         (["--model.pixel_mean", "0.5"], "error: --model.pixel_mean 0.5 --model.pixel_std None: pixel_mean and"),
         (["--model", "ConvNet", "--model.kernel_sizes", "[13,13]"], "error: --model.kernel_sizes [13, 13]: kernel_"),
         (
             ["--trainer.sync_batchnorm", "true"],
             "error: --trainer.sync_batchnorm true needs GPUs (torch's SyncBatchNorm",
         ),
+        (
+            ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=a", "--trainer.callbacks.mode=x"],
+            "error: --trainer.callbacks EarlyStopping: `mode` can be min, max, got x",
+        ),
     ],
 )
 def test_a_value_a_class_refuses_as_it_is_built_is_one_line_naming_the_option_before_anything(args, line, tmp_path):
     assert line in error(*args, "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(tmp_path))
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("option", "raised"),
+    [
+        ("--trainer.callbacks+=tests.instruments.BrokenAtBuild", "the table of intervals is empty"),
+        ("--model=tests.tiny_net.BrokenNet", "the table of layers is empty"),
+    ],
+)
+def test_a_bug_of_a_class_the_settings_name_keeps_its_traceback(option, raised, tmp_path):
+    """A ValueError that names none of the values given is the class's own: no line blames an option."""
+    result = run_in_process(option, "--trainer.default_root_dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and f"ValueError: {raised}" in result.stderr
+    assert "error: --" not in result.stderr
 
 
 def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_subcommand(tmp_path):
@@ -276,6 +292,21 @@ def test_a_new_run_from_a_checkpoints_weights_takes_them_and_trains_anew(checkpo
     trained = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert trained["global_step"] == 1  # a new run, from step 0
     assert max_difference(trained["state_dict"], torch.load(best, weights_only=True)["state_dict"]) == 0
+
+
+def test_a_run_from_weights_continues_and_is_tested_after_the_weights_file_is_gone(checkpoint, data_dir, tmp_path):
+    """The weights a run started from are in its record, not needed again: its checkpoints have its own."""
+    best, _ = checkpoint
+    weights = tmp_path / "weights.ckpt"
+    shutil.copy(best, weights)
+    first = run_in_process(*small_run(data_dir, tmp_path), "--model.weights", str(weights))
+    assert first.returncode == 0, first.stderr[-2000:]
+    weights.unlink()
+    (run,) = (tmp_path / "SeqNet-mnist").iterdir()
+    more = run_in_process("fit", "--ckpt_path", str(run), "--trainer.max_epochs", "2")
+    assert more.returncode == 0, more.stderr[-2000:]
+    tested = run_in_process("test", "--ckpt_path", str(run))
+    assert tested.returncode == 0, tested.stderr[-2000:]
 
 
 def test_a_subcommands_name_as_an_options_value_is_that_value(tmp_path):

@@ -15,3 +15,11 @@ class TinyNet(ImageClassifier):
         self.net = nn.Sequential(
             nn.Conv2d(1, width, kernel_size=3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10)
         )
+
+
+class BrokenNet(TinyNet):
+    """A model with a bug: building it raises a ValueError of its own, whatever its settings."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        raise ValueError("the table of layers is empty")
