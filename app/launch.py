@@ -23,6 +23,7 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks.graceful_stop import Stopped
 from app.console import TRACEBACK_VARIABLE, BelowTheBar, options_of, report
@@ -119,6 +120,8 @@ def end_the_job(program: list[str], args: list[str], fit: bool, shortcuts: list[
         job.status = -stop.signum
     except KeyboardInterrupt:
         job.status = -signal.SIGINT
+    except SIGTERMException:  # Lightning's own stop (a SystemExit without a status), where GracefulStop is off
+        job.status = -signal.SIGTERM
     except SystemExit as end:  # Lightning ends a stage that Ctrl-C interrupted with status 1: a shell loop would go on
         job.status = -signal.SIGINT if isinstance(end.__context__, KeyboardInterrupt) else end.code or 0
     except Exception as error:

@@ -96,20 +96,26 @@ def test_a_stop_inside_an_accumulated_step_continues_from_the_steps_start(data_d
     assert samples(tmp_path, 1, 2) == list(range(1000))
 
 
-@pytest.mark.parametrize(("batch", "accumulate", "step"), [(15, 1, 15), (27, 2, 14)])
+@pytest.mark.parametrize(("batch", "accumulate", "step"), [(15, 1, 15), (27, 2, 14), (10, 1, 10)])
 def test_a_run_stopped_by_its_time_budget_mid_epoch_continues_from_the_next_sample(
     data_dir, tmp_path, uninterrupted, batch, accumulate, step
 ):
     """A chain of jobs: each link trains for --trainer.max_time, then the same command continues with a budget of its
     own (not what is left of the first, which is spent). The budget spent inside an accumulated step (batch 27 of 2
-    a step) stops at the step's end."""
+    a step) stops at the step's end; at an epoch's last step, the validation and its best checkpoint follow."""
     budget = ("--trainer.max_time", "00:00:00:04", "--trainer.accumulate_grad_batches", str(accumulate))
     spent = ("--trainer.callbacks+=tests.instruments.BudgetSpentAt", "--trainer.callbacks.batch", str(batch))
     assert train(data_dir, tmp_path, 2, *budget, *spent, batch_size=50 // accumulate) == [0, 0]
     assert final(tmp_path)["global_step"] == step  # mid-epoch 1 (10 steps an epoch)
     said = (tmp_path / "rank0.log").read_text()
-    assert f"The time budget (max_time) ends the fit in epoch 1, after step {step}; {tmp_path / LAST} holds" in said
+    ends = f"ends the fit in epoch {(step - 1) // 10}, after step {step}; {tmp_path / LAST} holds"
+    assert f"The time budget (max_time) {ends}" in said
     assert "Finished: test/acc" in said  # the test of the best checkpoint follows, as after any fit
+    kept = final(tmp_path)["callbacks"]  # what the checkpoints kept after that step: the fit's last validation's
+    assert not [key for key in kept if key.startswith("Timer")]  # the next link's budget is its own
+    (best,) = [state for key, state in kept.items() if key.startswith("ModelCheckpoint{'monitor': 'val/acc'")]
+    assert sorted(best["best_k_models"]) == sorted(str(p) for p in (tmp_path / LAST).parent.glob("epoch*.ckpt"))
+    assert best["best_model_path"] in best["best_k_models"]
     assert train(data_dir, tmp_path, 2, *budget, "--ckpt_path", "last", batch_size=50 // accumulate) == [0, 0]
     assert final(tmp_path)["global_step"] == 20
     assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-5

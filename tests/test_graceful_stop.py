@@ -192,3 +192,25 @@ def test_with_a_time_budget_every_callback_is_set_up_once_and_a_stop_without_a_c
     )  # fmt: skip
     trainer.fit(SeqNet(), datamodule=MNISTDataModule(dataset="mnist", data_dir=str(data_dir), val_size=200))
     assert trainer.global_step == 3 and trainer.state.status.value == "finished"
+
+
+def test_a_signal_after_the_budgets_end_keeps_the_budgets_step_and_saves_no_more(data_dir, tmp_path):
+    """What follows the budget's step (the epoch's end, its validation) trains nothing: the checkpoint saved at that
+    step stays, unwritten, and the stop says that step."""
+
+    class SpentThenSignal(Callback):
+        kept: os.stat_result | None = None
+
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 7:
+                trainer.should_stop = True  # as the Timer does when the budget is spent
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.kept = os.stat(tmp_path / "last.ckpt")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    spent = SpentThenSignal()
+    trainer, stopped = fit(data_dir, tmp_path, spent, max_time="00:01:00:00")
+    assert stopped is not None and stopped.signum == signal.SIGTERM and saved_step(tmp_path) == 7
+    after = os.stat(tmp_path / "last.ckpt")
+    assert (after.st_ino, after.st_mtime_ns) == (spent.kept.st_ino, spent.kept.st_mtime_ns)

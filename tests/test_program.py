@@ -53,6 +53,13 @@ def test_sigterm_stops_every_process_at_one_step_and_the_printed_command_continu
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
 
 
+def test_sigterm_with_the_graceful_stop_off_ends_the_job_by_sigterm(data_dir, tmp_path):
+    """Lightning's own stop (its SIGTERMException, a SystemExit without a status) still ends the job as the signal."""
+    stop = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step=3", "--stop.every_n_steps=0")
+    stopped = run_train(*small_run(data_dir, tmp_path, *stop))
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
+
+
 def test_ctrl_c_in_a_shell_loop_stops_the_loop(data_dir, tmp_path):
     """A terminal's Ctrl-C reaches every process of the foreground group, the shell's too: bash ends the loop only if
     the program ends by SIGINT (an exit status of 1 would run the next command)."""

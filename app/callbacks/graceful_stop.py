@@ -59,8 +59,9 @@ class GracefulStop(Callback):
     each checkpoint is saved: `UserError` before one could hold it. A signal ignored at the start (SIGHUP under
     `nohup`) stays ignored; the handlers from before come back at the stage's end. The budget's end (Lightning's
     `Timer` sets `trainer.should_stop` at a step; this callback then runs after it) saves `last.ckpt` there, mid-epoch
-    too, at the end of an accumulated step, and the fit ends as Lightning ends it (a validation, the checkpoints, then
-    `fit` returns); a continued run gets a budget of its own, not what is left of the one before (a chain of jobs).
+    too, at the end of an accumulated step, and the fit ends as Lightning ends it (a validation at an epoch's end, a
+    best checkpoint by `checkpoint.monitor`, which `last.ckpt` then learns; `fit` returns); a continued run gets a
+    budget of its own, not what is left of the one before (a chain of jobs): checkpoints hold no Timer's time.
     Without a checkpoint to keep it, or before `min_epochs`/`min_steps`, the stop is Lightning's alone.
     """
 
@@ -207,9 +208,11 @@ class GracefulStop(Callback):
             self._check(trainer, at_epoch_end=True)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
-        """Before any checkpoint of the fit is written (every process saves it): none holds diverged weights."""
+        """Before any checkpoint of the fit is written (every process saves it): none holds diverged weights, nor the
+        time the Timer counted (a continued run's budget is its own, with a Timer or without)."""
         if self._active and not self._evaluating:
             self._check(trainer, loss_only=True)
+            self.on_load_checkpoint(trainer, pl_module, checkpoint)
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         """A continued run's time budget is its own: the Timer does not take the time of the commands before."""
@@ -236,21 +239,24 @@ class GracefulStop(Callback):
             )
         if loss_only:  # at a save: the signals wait for the next check
             return
-        if (signum or requeue or save_due or spent) and path is not None:
+        budget_kept = self._kept is not None  # the budget's step is saved: what follows it (a validation) is no step
+        if (signum or requeue or save_due or spent) and path is not None and not budget_kept:
             trainer.save_checkpoint(path, weights_only=False)  # on every process: global rank 0 writes
             self._saved_at = time.monotonic()
         if requeue and trainer.is_global_zero:
             subprocess.run(["scontrol", "requeue", os.environ.get("SLURM_JOB_ID", "")], check=False)
         if spent and not (signum or requeue):  # the budget: the fit ends there, as Lightning ends it
             kept = f"; {path} holds that step" if path else ""
-            if path is not None:  # the run's last checkpoint: the one Lightning saves as the epoch ends would mark
-                self._kept = (self.checkpoint.save_top_k, self.checkpoint.save_last)  # the epoch done, where it
-                self.checkpoint.save_top_k, self.checkpoint.save_last = 0, False  # stopped in the middle
+            if path is not None:  # the run's last checkpoint: one Lightning saves as the epoch ends would mark the
+                self._kept = (self.checkpoint.save_top_k, self.checkpoint.save_last)  # epoch done, where it stopped
+                self.checkpoint.save_last = False  # in the middle; a best one by its monitor is no last
+                if self.checkpoint.monitor is None:  # the newest one is kept as the last
+                    self.checkpoint.save_top_k = 0
             epoch, step = trainer.current_epoch, trainer.global_step
             rank_zero_info(f"The time budget (max_time) ends the fit in epoch {epoch}, after step {step}{kept}.")
         elif signum or requeue:
             signum = signum or self._signals[-1]
-            when = "at its end" if at_epoch_end else f"after step {trainer.global_step}"
+            when = "at its end" if at_epoch_end and not budget_kept else f"after step {trainer.global_step}"
             kept = f"{path} holds that step" if path else "nothing was saved (no checkpoint)"
             requeued = "; SLURM was asked to requeue the job" if requeue else ""
             name = NAMES.get(signum, "SLURM's requeue signal")
@@ -258,6 +264,18 @@ class GracefulStop(Callback):
             rank_zero_info(f"Stopped by {name} in epoch {trainer.current_epoch}, {when}; {kept}{requeued}.")
             self.signal = None
             raise Stopped(signum, path)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The budget's last checkpoint, saved before the fit's last validation, learns the checkpoints it kept."""
+        if self._kept is None:
+            return
+        if trainer.is_global_zero:
+            checkpoint_io, path = trainer.strategy.checkpoint_io, self._path()
+            saved = checkpoint_io.load_checkpoint(path)
+            for callback in trainer.checkpoint_callbacks:
+                saved.setdefault("callbacks", {})[callback.state_key] = callback.state_dict()
+            checkpoint_io.save_checkpoint(saved, path)
+        trainer.strategy.barrier("the budget's last checkpoint")
 
     def _path(self) -> str | None:
         """`last.ckpt` in the folder of `checkpoint`, as its `save_last` names it."""
