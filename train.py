@@ -8,6 +8,7 @@ import signal
 import sys
 from argparse import ArgumentError
 from pathlib import Path
+from types import SimpleNamespace
 
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while the libraries load: the end, by it (nothing written)
@@ -28,7 +29,7 @@ from app.launch import end_the_job, one_process_on_the_cpu, shared, wait_for_the
 from app.plugins import RendezvousDDPStrategy
 from app.runs import RunLogger, RunRecord, check_folders, next_record, run_name
 from app.settings import HELP, Parser, Trainer, command_line, on, settle
-from app.start import find_start, run_logger
+from app.start import find_start, run_logger, where_it_runs
 from datamodules import MNISTDataModule
 from models import ImageClassifier
 
@@ -54,8 +55,8 @@ class TrainCLI(LightningCLI):
     """LightningCLI with this program's pieces and defaults. Without a subcommand it fits, then tests the best
     checkpoint; `--ckpt_path` names a checkpoint file, a run's folder, or `last` (docs/run-folder.md)."""
 
-    def __init__(self, args: list[str], subcommand: str | None) -> None:
-        self.chosen, self.test_after_fit = subcommand or "fit", subcommand is None
+    def __init__(self, args: list[str], subcommand: str | None, job: SimpleNamespace) -> None:
+        self.chosen, self.test_after_fit, self.job = subcommand or "fit", subcommand is None, job
         self.start, self.checked = None, False  # what --ckpt_path names; the stage's checks are done
         kwargs = {"exit_on_error": False, "allow_abbrev": False, self.chosen: {"description": ABOUT[self.chosen]}}
         try:
@@ -105,6 +106,7 @@ class TrainCLI(LightningCLI):
                 self.start.say(self.chosen)
         except ArgumentError as error:  # the deepest line, and the closest of the subcommand's options
             raise UserError(parser_line(str(error), parser, args, self.chosen), every_process=True) from None
+        self.job.shape = where_it_runs(self.config[self.chosen].trainer)  # as given: what a continuation takes
         settle(self.config[self.chosen])
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -144,6 +146,10 @@ class TrainCLI(LightningCLI):
     before_test = before_predict = before_validate
 
     def after_fit(self) -> None:
+        stop = self.config_init.fit.stop  # a signal after the fit's last check: the run's folder continues
+        if stop.signal and (last := stop.last_path()) and Path(last).is_file():
+            rank_zero_info(f"Stopped by {signal.Signals(stop.signal).name} as the fit ended; {last} holds its end.")
+            raise Stopped(stop.signal, last)
         self._stop_if_signalled()
         checkpoint, metrics = self.config_init.fit.checkpoint, dict(self.trainer.callback_metrics)
         if checkpoint.best_model_score is not None:  # the figure of the weights it names
@@ -160,7 +166,7 @@ class TrainCLI(LightningCLI):
             metrics.update(self.trainer.callback_metrics)
         elif self.test_after_fit:
             rank_zero_info("No test: the fit saved no checkpoint and took no training step in this process.")
-        self.after_validate(metrics, [f"Best checkpoint: {best}"] if best else [])
+        self.after_validate(metrics, [f"Best checkpoint: {shlex.quote(best)}"] if best else [])
 
     def after_validate(self, metrics: dict | None = None, best: list[str] = ()) -> None:
         """Say the figures and where the command wrote (a stop signal after the stage's last check stops it here)."""
@@ -169,33 +175,33 @@ class TrainCLI(LightningCLI):
         names = [name for name in ("test/acc", "test/loss", "val/acc", "val/loss") if name in metrics]
         lines = [*(["Finished: " + "  ".join(f"{n} {float(metrics[n]):.4f}" for n in names)] if names else []), *best]
         if self.subcommand == "predict":
-            lines = [f"Predictions: {self.config_init.predict.predictions.written}"]
+            lines = [f"Predictions: {shlex.quote(str(self.config_init.predict.predictions.written))}"]
         elif isinstance(logger := self.trainer.logger, RunLogger) and logger.folder is not None:
             tensorboard = runnable(Path(sys.executable).with_name("tensorboard"))
             lines += [f"Dashboard: {shlex.join([tensorboard, '--logdir', str(self.trainer.default_root_dir)])}"]
-            lines += [f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {logger.folder}"]
+            lines += [f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {shlex.quote(str(logger.folder))}"]
         rank_zero_info("\n".join(lines))
 
     after_test = after_predict = after_validate
 
-    def _stop_if_signalled(self) -> None:  # after the stage's last check: its work is kept, the command stops here
+    def _stop_if_signalled(self) -> None:  # after the stage's last check: its work is done, the command stops here
         if signum := self.config_init[self.subcommand].stop.signal:
-            raise Stopped(signum)
+            raise Stopped(signum, command=[])
 
 
 def main(args: list[str] | None = None) -> None:
     """Run `train.py ARGS`; end as a shell expects (`app/launch.py`: `end_the_job`)."""
     args = list(sys.argv[1:] if args is None else args)
-    cli_args, subcommand, shortcuts = command_line(args, ABOUT)
+    cli_args, subcommand = command_line(args, ABOUT)
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
         return print(HELP.strip())
 
     program = [runnable(Path(sys.executable)), here(Path(__file__))]
-    with end_the_job(program, args, subcommand == "fit", shortcuts) as job:  # the exit status, and what is said
+    with end_the_job(program, args, subcommand == "fit") as job:  # the exit status, and what is said
         if subcommand == "export":
             job.status = export(cli_args[1:])
         else:
-            job.status = wait_for_the_launched(TrainCLI(cli_args, subcommand).trainer.strategy)
+            job.status = wait_for_the_launched(TrainCLI(cli_args, subcommand, job).trainer.strategy)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 from lightning.pytorch import Callback
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from app.console import UserError, options_of
@@ -134,11 +135,18 @@ def parser_line(message: str, parser, args: list[str] = (), subcommand: str = "f
     )
     keys = re.findall(r'Parser key "([^"]+)"', message)
     if unknown:
-        name = next(group for group in unknown.groups() if group).lstrip("-").split("=")[0]
+        if (typed := next(group for group in unknown.groups() if group)) in LightningCLI.subcommands():
+            return f"{typed} after options: the subcommand goes first (train.py {typed} OPTIONS)."
+        name = typed.lstrip("-").split("=")[0]
         option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
         if older_name(option):  # each of the command's, at once, and the file that holds it
             return _older_line(option, older_options(list(args)))
         held = f" (in {file})" if (file := given_in(list(args)).get(option)) else ""
+        if held and option in options:  # a file of the subcommand's settings, given before it
+            return (
+                f"{option}{held}: a --config before the subcommand holds each subcommand's settings under its name"
+                f" ({subcommand}:); give this file after it: train.py {subcommand} --config FILE."
+            )
         return f"{option}{held}: no such option{_closest(option, options, subcommand)}"
     lines = [line for line in message.splitlines() if line.strip() and "NoneType" not in line]
     causes = [line for line in lines if not re.match(r"\s*(Given value|Subtypes|Errors|Does not validate)", line)]

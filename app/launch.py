@@ -89,15 +89,15 @@ def settle_shape(trainer, stop, kubeflow: bool) -> None:
 
 
 @contextmanager
-def end_the_job(program: list[str], args: list[str], fit: bool, shortcuts: list[str]) -> Iterator[SimpleNamespace]:
+def end_the_job(program: list[str], args: list[str], fit: bool) -> Iterator[SimpleNamespace]:
     """Around the program's work, which sets the job's exit status (`job.status`), end the process as a shell
     expects: 0; 1 after a mistake or a bug, said in one line or a short traceback (`report`); after a stop by a
     signal, by that signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the command that goes on,
     quoted for a shell: `program` (`python train.py`, and `fit` where the command named it) continuing the run's
-    folder with the `shortcuts` it was given (`--devices 2`), the stop's own `command`, or the same `args` again (a
-    stop that kept nothing: an evaluation cut short, a fit before its first step). The program's lines
+    folder where it ran (`job.shape`: `--devices 2`), the stop's own `command`, or the same `args` again (a stop that
+    kept nothing: an evaluation cut short, a fit before its first step). The program's lines
     (`rank_zero_info`) stand below the progress bar. The work runs in the caller's frame: no frame of its own."""
-    job = SimpleNamespace(status=0)
+    job = SimpleNamespace(status=0, shape=[])
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
     for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
@@ -112,9 +112,9 @@ def end_the_job(program: list[str], args: list[str], fit: bool, shortcuts: list[
     except Stopped as stop:  # the run's folder is what --ckpt_path continues, with its settings
         folder, fit = Path(stop.checkpoint or "").parent.parent, ["fit"] * fit  # without fit named, a test follows
         if stop.command:
-            rank_zero_info(f"Continue with: {shlex.join([*program, *stop.command, *shortcuts])}")
+            rank_zero_info(f"Continue with: {shlex.join([*program, *stop.command, *job.shape])}")
         elif stop.command is None and stop.checkpoint and (folder / "config.yaml").is_file():
-            rank_zero_info(f"Continue with: {shlex.join([*program, *fit, '--ckpt_path', str(folder), *shortcuts])}")
+            rank_zero_info(f"Continue with: {shlex.join([*program, *fit, '--ckpt_path', str(folder), *job.shape])}")
         elif stop.command is None and stop.checkpoint is None:
             rank_zero_info(f"Run it again with: {shlex.join([*program, *args])}")
         job.status = -stop.signum

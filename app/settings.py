@@ -41,9 +41,9 @@ examples:
 """
 
 
-def command_line(args: list[str], subcommands: Iterable[str]) -> tuple[list[str], str | None, list[str]]:
-    """LightningCLI's arguments for `train.py ARGS`, the subcommand named, and the shortcuts as typed: `--devices N`
-    and `--num_nodes N` anywhere are the Trainer's options; where no subcommand follows the options LightningCLI takes
+def command_line(args: list[str], subcommands: Iterable[str]) -> tuple[list[str], str | None]:
+    """LightningCLI's arguments for `train.py ARGS`, and the subcommand named: `--devices N` and `--num_nodes N`
+    anywhere are the Trainer's options; where no subcommand follows the options LightningCLI takes
     before one (`--config FILE`), `fit` goes in front (fit, then test)."""
     shortcuts, rest, tokens = [], [], iter(args)
     for token in tokens:
@@ -55,7 +55,7 @@ def command_line(args: list[str], subcommands: Iterable[str]) -> tuple[list[str]
         at += 1 if "=" in rest[at] else 2
     named = rest[at] if at < len(rest) and rest[at] in subcommands else None
     trainer = [f"--trainer.{name[2:]}={value}" for name, value in zip(shortcuts[::2], shortcuts[1::2], strict=True)]
-    return (rest if named else ["fit", *rest]) + trainer, named, shortcuts
+    return (rest if named else ["fit", *rest]) + trainer, named
 
 
 class Trainer(LightningTrainer):

@@ -72,6 +72,15 @@ class Start:
         rank_zero_info(f"--ckpt_path{named} {how}{self.where}.")
 
 
+def where_it_runs(trainer: dict) -> list[str]:
+    """The options of the Trainer's settings as given (`trainer`) that say where a run runs, the defaults left out:
+    what a command that continues it takes again, as its record does not hold them."""
+    defaults = {"devices": "auto", "num_nodes": 1, "accelerator": "auto"}  # Lightning's Trainer's
+    options = {"devices": "--devices", "num_nodes": "--num_nodes", "accelerator": "--trainer.accelerator"}
+    given = [(options[key], str(trainer.get(key))) for key in WHERE_IT_RUNS if trainer.get(key) != defaults[key]]
+    return [part for option in given for part in option]
+
+
 def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only: bool = True) -> Start | None:
     """The checkpoint `--ckpt_path` names, read (as data only, unless not `weights_only`) and checked; None for none,
     for a URL (Lightning reads it), and for `fit --ckpt_path last` with no run to

@@ -442,8 +442,9 @@ class MNISTDataModule(LightningDataModule):
         chosen = self.hparams.batch_size != state.get("batch_size", self.hparams.batch_size)
         batch_size = self.batch_size_to_continue(state, world_size, accumulated, chosen, epoch)
         if batch_size != self.hparams.batch_size:
+            before = state["world_size"]
             rank_zero_info(
-                f"Continuing a run of {state['world_size']} processes on {world_size}: per-device batch"
+                f"Continuing a run of {before} process{'es' * (before != 1)} on {world_size}: per-device batch"
                 f" {self.hparams.batch_size} -> {batch_size}, to keep the global batch of {state['global_batch_size']}."
             )
         self.hparams.batch_size = batch_size

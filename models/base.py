@@ -212,8 +212,9 @@ class ImageClassifier(LightningModule):
             if "max_lr" in group
             else f"learning rate {group['lr']:g}"
         )
+        processes = f"{trainer.world_size} process{'es' * (trainer.world_size != 1)}"
         rank_zero_info(
-            f"Global batch {global_batch} = {per_device} per device x {trainer.world_size} processes x"
+            f"Global batch {global_batch} = {per_device} per device x {processes} x"
             f" {trainer.accumulate_grad_batches} accumulated; {lr}; {per_epoch} optimizer step{'s' * (per_epoch != 1)}"
             f" per epoch{f', {int(total)} in the run' if math.isfinite(total) else ''}."
         )

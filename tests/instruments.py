@@ -16,8 +16,8 @@ from lightning.pytorch.callbacks import Timer
 
 class SignalAt(Callback):
     """Global rank `rank` sends `signum` after training step `step` (or, with `step` -1, as the stage is set up,
-    before its loops; with `step` -2 at the first test or prediction batch): to itself, or with `group` to its
-    process group, as a terminal does (a real run's)."""
+    before its loops; with `step` -2 at the first test or prediction batch; with -3 as the fit ends, after its last
+    check): to itself, or with `group` to its process group, as a terminal does (a real run's)."""
 
     def __init__(self, signum: int = int(signal.SIGTERM), step: int = 1, rank: int = 0, group: bool = False) -> None:
         self.signum, self.step, self.rank, self.group = signum, step, rank, group
@@ -36,6 +36,10 @@ class SignalAt(Callback):
 
     def on_test_batch_start(self, trainer: Trainer, *args) -> None:
         if self.step == -2:
+            self._send(trainer)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.step == -3:
             self._send(trainer)
 
     on_predict_batch_start = on_test_batch_start

@@ -156,10 +156,17 @@ def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_sub
     for args in (["--config=" + str(config), "fit"], ["--config", str(config), "fit"]):
         printed = run_in_process(*args, "--print_config")
         assert printed.returncode == 0 and yaml.safe_load(printed.stdout)["trainer"]["max_epochs"] == 3, printed.stderr
+    (tmp_path / "flat.yaml").write_text("trainer:\n  max_epochs: 3\n")  # a subcommand's own: after it
+    assert error(f"--config={tmp_path / 'flat.yaml'}", "fit") == (
+        f"error: --trainer.max_epochs (in {tmp_path / 'flat.yaml'}): a --config before the subcommand holds each"
+        " subcommand's settings under its name (fit:); give this file after it: train.py fit --config FILE."
+    )
+    assert error("--trainer.max_epochs", "1", "test") == (
+        "error: test after options: the subcommand goes first (train.py test OPTIONS)."
+    )
     assert command_line(["--trainer.default_root_dir", "fit", "--devices=2"], ["fit", "test"]) == (
         ["fit", "--trainer.default_root_dir", "fit", "--trainer.devices=2"],
         None,
-        ["--devices", "2"],
     )
     built = {}
     for devices in (1, 2):  # the Trainer each builds, kept before it fits

@@ -144,7 +144,7 @@ def test_the_usage_commands_run_as_printed_after_the_readme_set_up():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    found = [Path(path).resolve() for path in result.stdout.split()]
+    found = [Path(path).resolve() for path in result.stdout.splitlines()]
     assert found == [(venv / "bin" / "python").resolve(), (venv / "bin" / "tensorboard").resolve()]
 
 

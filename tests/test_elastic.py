@@ -86,7 +86,7 @@ def test_an_elastic_job_that_a_node_joins_grows(data_dir, tmp_path, uninterrupte
                 os.killpg(node.pid, signal.SIGKILL)
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:]
     assert "Stopped by SIGTERM in epoch 1, after step 14;" in outputs[0]  # torchrun stopped it for the new node
-    assert "Continuing a run of 1 processes on 2: per-device batch 100 -> 50" in "".join(outputs)
+    assert "Continuing a run of 1 process on 2: per-device batch 100 -> 50" in "".join(outputs)
     assert max_difference(final(tmp_path)["state_dict"], uninterrupted) < 1e-4
 
 

@@ -242,6 +242,29 @@ def test_a_stop_during_the_test_after_a_fit_prints_the_command_that_tests_the_be
     assert stopped.returncode == -signal.SIGTERM and "the test was cut short" in stopped.stdout, stopped.stderr[-3000:]
     (best,) = (tmp_path / "SeqNet-mnist" / "version_0" / "checkpoints").glob("epoch=*.ckpt")
     (command,) = [line.removeprefix("Continue with: ") for line in stopped.stdout.splitlines() if "Continue" in line]
-    assert shlex.split(command)[1:] == ["train.py", "test", "--ckpt_path", str(best), "--devices", "1"]
+    where = ["--devices", "1", "--trainer.accelerator", "cpu"]  # where it ran, as given
+    assert shlex.split(command)[1:] == ["train.py", "test", "--ckpt_path", str(best), *where]
     tested = run_command([*shlex.split(command), *small_run(data_dir, tmp_path)])
     assert tested.returncode == 0 and "Finished: test/acc" in tested.stdout, tested.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_stop_as_the_fit_ends_prints_the_command_that_continues_the_run_to_its_test(data_dir, tmp_path):
+    """A signal after the fit's last check: its work is kept, and what is left (the test) is the run continued."""
+    stop = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step", "-3")
+    stopped = run_train(*small_run(data_dir, tmp_path, *stop, devices=1))
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    assert f"Stopped by SIGTERM as the fit ended; {run / 'checkpoints' / 'last.ckpt'} holds its end." in stopped.stdout
+    (command,) = [line.removeprefix("Continue with: ") for line in stopped.stdout.splitlines() if "Continue" in line]
+    assert shlex.split(command)[1:] == [
+        "train.py",
+        "--ckpt_path",
+        str(run),
+        "--devices",
+        "1",
+        "--trainer.accelerator",
+        "cpu",
+    ]
+    continued = run_command([*shlex.split(command), "--trainer.callbacks=[]"])  # (without the signal again)
+    assert continued.returncode == 0 and "Finished: test/acc" in continued.stdout, continued.stderr[-3000:]

@@ -150,7 +150,7 @@ class GracefulStop(Callback):
         # to say; the loop's own method is back at the stage's end (`_put_back`).
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
         if self.save_every_s is not None and trainer.global_step == 0 and self.checkpoint is not None:
-            trainer.save_checkpoint(self._path(), weights_only=False)  # a process lost at once restarts this run
+            trainer.save_checkpoint(self.last_path(), weights_only=False)  # a process lost at once restarts this run
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn != TrainerFn.FITTING:  # an evaluation of its own: a stop stops it at once
@@ -191,7 +191,7 @@ class GracefulStop(Callback):
         if isinstance(loss, torch.Tensor):  # no wait for the device: read at the next check
             bad = ~torch.isfinite(loss.detach())
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-        if trainer.should_stop and not self._asked and self._timed and self._path():  # the Timer's, agreed by it
+        if trainer.should_stop and not self._asked and self._timed and self.last_path():  # the Timer's, agreed by it
             loop = trainer.fit_loop
             if trainer.current_epoch < (loop.min_epochs or 0) or trainer.global_step < (loop.min_steps or 0):
                 pass  # Lightning trains on to the minimum it was given
@@ -227,7 +227,7 @@ class GracefulStop(Callback):
         if self._nonfinite is not None:
             flags[2] = self._nonfinite
         signum, requeue, nonfinite, save_due = trainer.strategy.reduce(flags, reduce_op="max").tolist()
-        path = self._path()
+        path = self.last_path()
         if nonfinite:
             group = trainer.optimizers[0].param_groups[0]
             kept = f"{path} keeps the weights from before." if path and os.path.exists(path) else "Nothing was saved."
@@ -270,14 +270,14 @@ class GracefulStop(Callback):
         if self._kept is None:
             return
         if trainer.is_global_zero:
-            checkpoint_io, path = trainer.strategy.checkpoint_io, self._path()
+            checkpoint_io, path = trainer.strategy.checkpoint_io, self.last_path()
             saved = checkpoint_io.load_checkpoint(path)
             for callback in trainer.checkpoint_callbacks:
                 saved.setdefault("callbacks", {})[callback.state_key] = callback.state_dict()
             checkpoint_io.save_checkpoint(saved, path)
         trainer.strategy.barrier("the budget's last checkpoint")
 
-    def _path(self) -> str | None:
+    def last_path(self) -> str | None:
         """`last.ckpt` in the folder of `checkpoint`, as its `save_last` names it."""
         if self.checkpoint is None or not self.checkpoint.dirpath:
             return None
