@@ -14,7 +14,7 @@ $(PY):
 # the README's set-up (`pip install -e ".[dev]"`, newer than pyproject.toml, with the dev tools), does not ask pip again.
 $(VENV)/installed: pyproject.toml | $(PY)
 	if [ -z "$$(find $(VENV) -name 'lightning_ddp_mnist-*.dist-info' -newer pyproject.toml)" ] \
-	    || ! $(PY) -m pip show -q pytest pytest-xdist ruff onnx onnxruntime >/dev/null 2>&1; then \
+	    || ! $(PY) -m pip show -q pytest pytest-timeout pytest-xdist ruff pre-commit onnx onnxruntime >/dev/null 2>&1; then \
 	    $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e ".[dev]"; fi
 	touch $@
 

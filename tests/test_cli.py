@@ -177,6 +177,20 @@ def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_sub
     assert type(built[1].strategy) is SingleDeviceStrategy and type(built[2].strategy) is RendezvousDDPStrategy
 
 
+def test_a_piece_turned_off_by_its_own_option_is_not_in_the_trainer(tmp_path):
+    """Off means absent: no handler, no thread, no hook of a piece whose option turned it off."""
+    built = {}
+    off = ("--stop.every_n_steps=0", "--watchdog.timeout=0", "--dashboard.every_n_steps=0", "--trainer.logger=false")
+    for given in ((), off):
+        with mock.patch.object(
+            TrainCLI, "before_fit", lambda cli, n=given: built.update({n: cli.trainer}) or sys.exit()
+        ):
+            run_in_process("fit", "--trainer.accelerator", "cpu", "--trainer.default_root_dir", str(tmp_path), *given)
+    names = {given: {type(callback).__name__ for callback in trainer.callbacks} for given, trainer in built.items()}
+    pieces = {"GracefulStop", "StallWatchdog", "Dashboard", "LearningRateMonitor"}
+    assert pieces <= names[()] and not pieces & names[off]
+
+
 def test_an_unknown_option_of_a_config_file_names_the_file(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("trainer:\n  max_epoch: 3\n")

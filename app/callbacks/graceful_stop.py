@@ -10,7 +10,7 @@ import time
 from types import FrameType
 
 import torch
-from jsonargparse.typing import NonNegativeInt
+from jsonargparse.typing import NonNegativeInt, PositiveFloat
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
@@ -69,7 +69,7 @@ class GracefulStop(Callback):
         self,
         every_n_steps: NonNegativeInt = 50,
         checkpoint: ModelCheckpoint | None = None,
-        save_every_s: float | None = None,
+        save_every_s: PositiveFloat | None = None,
     ) -> None:
         self.every_n_steps, self.checkpoint, self.save_every_s = every_n_steps, checkpoint, save_every_s
         self.signal: int | None = None  # the first stop signal, until the processes act on it
