@@ -205,7 +205,7 @@ class GracefulStop(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._active:
-            self._check(trainer, at_epoch_end=True)
+            self._check(trainer, epoch_end=True)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         """Before any checkpoint of the fit is written (every process saves it): none holds diverged weights, nor the
@@ -219,9 +219,7 @@ class GracefulStop(Callback):
         for timer in (c for c in trainer.callbacks if isinstance(c, Timer) and self._active):
             checkpoint.get("callbacks", {}).pop(timer.state_key, None)
 
-    def _check(
-        self, trainer: Trainer, loss_only: bool = False, at_epoch_end: bool = False, spent: bool = False
-    ) -> None:
+    def _check(self, trainer: Trainer, loss_only: bool = False, epoch_end: bool = False, spent: bool = False) -> None:
         save_due = self.save_every_s is not None and time.monotonic() - self._saved_at >= self.save_every_s
         flags = torch.tensor([self.signal or 0, self.requeue, 0, save_due], device=trainer.strategy.root_device)
         if self._nonfinite is not None:
@@ -256,7 +254,7 @@ class GracefulStop(Callback):
             rank_zero_info(f"The time budget (max_time) ends the fit in epoch {epoch}, after step {step}{kept}.")
         elif signum or requeue:
             signum = signum or self._signals[-1]
-            when = "at its end" if at_epoch_end and not budget_kept else f"after step {trainer.global_step}"
+            when = "at its end" if epoch_end and not budget_kept else f"after step {trainer.global_step}"
             kept = f"{path} holds that step" if path else "nothing was saved (no checkpoint)"
             requeued = "; SLURM was asked to requeue the job" if requeue else ""
             name = NAMES.get(signum, "SLURM's requeue signal")
@@ -267,15 +265,11 @@ class GracefulStop(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The budget's last checkpoint, saved before the fit's last validation, learns the checkpoints it kept."""
-        if self._kept is None:
-            return
-        if trainer.is_global_zero:
+        if self._kept is not None and trainer.is_global_zero:  # (the process that writes)
             checkpoint_io, path = trainer.strategy.checkpoint_io, self.last_path()
             saved = checkpoint_io.load_checkpoint(path)
-            for callback in trainer.checkpoint_callbacks:
-                saved.setdefault("callbacks", {})[callback.state_key] = callback.state_dict()
+            saved["callbacks"].update({c.state_key: c.state_dict() for c in trainer.checkpoint_callbacks})
             checkpoint_io.save_checkpoint(saved, path)
-        trainer.strategy.barrier("the budget's last checkpoint")
 
     def last_path(self) -> str | None:
         """`last.ckpt` in the folder of `checkpoint`, as its `save_last` names it."""
