@@ -10,7 +10,7 @@ import time
 from types import FrameType
 
 import torch
-from jsonargparse.typing import NonNegativeInt, PositiveFloat
+from jsonargparse.typing import NonNegativeInt, NonNegativeFloat
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
@@ -47,8 +47,8 @@ class GracefulStop(Callback):
             0: off, as if it were not there (no handler, no check; train.py leaves it out).
         checkpoint: The `ModelCheckpoint` whose folder a stop saves its last checkpoint into, with the loader's
             position (a continued run takes the next sample); None: a stop keeps nothing.
-        save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (None: never); a new
-            run then also saves its weights before its first step.
+        save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (0: each check;
+            None: never); a new run then also saves its weights before its first step.
 
     The handlers only record the signal (one that ran a collective would hang against another process's gradient
     all-reduce); the processes act on it together at the next check: `last.ckpt` is saved and each raises `Stopped`.
@@ -69,7 +69,7 @@ class GracefulStop(Callback):
         self,
         every_n_steps: NonNegativeInt = 50,
         checkpoint: ModelCheckpoint | None = None,
-        save_every_s: PositiveFloat | None = None,
+        save_every_s: NonNegativeFloat | None = None,
     ) -> None:
         self.every_n_steps, self.checkpoint, self.save_every_s = every_n_steps, checkpoint, save_every_s
         self.signal: int | None = None  # the first stop signal, until the processes act on it
