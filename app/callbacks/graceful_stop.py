@@ -10,7 +10,7 @@ import time
 from types import FrameType
 
 import torch
-from jsonargparse.typing import NonNegativeInt, NonNegativeFloat
+from jsonargparse.typing import NonNegativeFloat, NonNegativeInt
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
