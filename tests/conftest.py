@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from tests.synthetic import write_dataset
 # depend on it; every process a test starts inherits it.
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
+# Started in the background of a shell without job control (`make test &`, nohup), the tests inherit Ctrl-C ignored,
+# and so would every process they start: the tests of Ctrl-C send it as a terminal does, to processes that hear it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TRAIN_SIZE, TEST_SIZE = 1200, 301  # 301 divides by neither 2 nor 3 processes
 
