@@ -22,7 +22,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import optim
 
 from app.callbacks import Dashboard, GracefulStop, PredictionWriter, StallWatchdog, Stopped
-from app.console import UserError, here, runnable
+from app.console import UserError, runnable
 from app.errors import parser_line, rejected
 from app.export import export
 from app.launch import end_the_job, one_process_on_the_cpu, shared, wait_for_the_launched
@@ -52,12 +52,11 @@ StrategyRegistry.register("ddp", RendezvousDDPStrategy, "DDP, with app/'s rendez
 
 
 class TrainCLI(LightningCLI):
-    """LightningCLI with this program's pieces and defaults. Without a subcommand it fits, then tests the best
-    checkpoint; `--ckpt_path` names a checkpoint file, a run's folder, or `last` (docs/run-folder.md)."""
+    """LightningCLI with this program's pieces and defaults; without a subcommand, fit then test the best checkpoint."""
 
     def __init__(self, args: list[str], subcommand: str | None, job: SimpleNamespace) -> None:
         self.chosen, self.test_after_fit, self.job = subcommand or "fit", subcommand is None, job
-        self.start, self.checked = None, False  # what --ckpt_path names; the stage's checks are done
+        self.start, self.settings, self.checked = None, None, False  # --ckpt_path's; as recorded; checks done
         kwargs = {"exit_on_error": False, "allow_abbrev": False, self.chosen: {"description": ABOUT[self.chosen]}}
         try:
             super().__init__(
@@ -73,14 +72,12 @@ class TrainCLI(LightningCLI):
                 auto_configure_optimizers=False,
                 args=args,
             )
-        except (ValueError, TypeError, MisconfigurationException) as error:  # before the stage: a value refused
-            refused = hasattr(self, "config") and not self.checked  # as a class the settings name was built
-            if refused and (mistake := rejected(error, self._settings(), SECTIONS)) is not None:
-                raise mistake from error
-            raise
+        except (ValueError, TypeError, MisconfigurationException) as error:  # a value refused as a class was built
+            if self.checked or self.settings is None or not (mistake := rejected(error, self.settings, SECTIONS)):
+                raise
+            raise mistake from error
 
-    def subcommands(self) -> dict[str, set[str]]:
-        """The subcommand asked for alone: each subcommand's parser takes 0.1 s to build."""
+    def subcommands(self) -> dict[str, set[str]]:  # the one asked for alone: each parser takes 0.1 s to build
         return {self.chosen: super().subcommands()[self.chosen]}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -101,13 +98,15 @@ class TrainCLI(LightningCLI):
             self.start = find_start(config.ckpt_path, self.chosen, runs, config.get("weights_only") is not False)
             if self.start is not None:  # the run's settings below the command line's: parsed again on them
                 super().parse_arguments(parser, ["--config", json.dumps({self.chosen: self.start.settings}), *args])
-                self.start.refuse_changes(self._settings(), self.chosen)
                 self.config[self.chosen].ckpt_path = None  # read: LightningCLI would read it again, as data only
-                self.start.say(self.chosen)
         except ArgumentError as error:  # the deepest line, and the closest of the subcommand's options
             raise UserError(parser_line(str(error), parser, args, self.chosen), every_process=True) from None
         self.job.shape = where_it_runs(self.config[self.chosen].trainer)  # as given: what a continuation takes
         settle(self.config[self.chosen])
+        self.settings = yaml.safe_load(parser.dump(self.config, skip_unset=False))[self.chosen]  # as its record has
+        if self.start is not None:
+            self.start.refuse_changes(self.settings, self.chosen)
+            self.start.say(self.chosen)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """Lightning's, with the pieces: the run's folder (`RunLogger`) and its record, whole checkpoint files, the
@@ -115,8 +114,7 @@ class TrainCLI(LightningCLI):
         config, start = self.config_init[self.subcommand], self.start
         config.ckpt_path = str(start.checkpoint) if start else None if config.ckpt_path == "last" else config.ckpt_path
         if (logger := config.trainer.logger) in (None, True):
-            model, root = type(self.model).__name__, config.trainer.default_root_dir
-            logger = run_logger(start, self.subcommand, root, model, self.datamodule.hparams.dataset)
+            logger = run_logger(start, self.subcommand, config.trainer.default_root_dir, self.model, self.datamodule)
         self.save_config_callback = RunRecord if logger else None  # the record goes beside the logs
         self.save_config_kwargs = {"config_filename": next_record(start.run if start and start.continues else None)}
         pieces = on([config[key] for key in PIECES if key in config], config.trainer, logger)
@@ -124,12 +122,8 @@ class TrainCLI(LightningCLI):
         if isinstance(made.strategy, RendezvousDDPStrategy) and made.strategy.agree_on is None:
             starts_from = f"step {start.contents.get('global_step')}" if start else config.ckpt_path
             subcommand = "fit then test" if self.test_after_fit else self.subcommand
-            made.strategy.agree_on = shared(self._settings(), subcommand, starts_from)
+            made.strategy.agree_on = shared(self.settings, subcommand, starts_from)
         return made
-
-    def _settings(self) -> dict:
-        """The command's settings, as its record and `--print_config` hold them."""
-        return yaml.safe_load(self.parser.dump(self.config, skip_unset=False))[self.chosen]
 
     def before_fit(self) -> None:
         self.model.check_fit(self.trainer, new_run=self.start is None)  # (a checkpoint restores its weights)
@@ -146,11 +140,7 @@ class TrainCLI(LightningCLI):
     before_test = before_predict = before_validate
 
     def after_fit(self) -> None:
-        stop = self.config_init.fit.stop  # a signal after the fit's last check: the run's folder continues
-        if stop.signal and (last := stop.last_path()) and Path(last).is_file():
-            rank_zero_info(f"Stopped by {signal.Signals(stop.signal).name} as the fit ended; {last} holds its end.")
-            raise Stopped(stop.signal, last)
-        self._stop_if_signalled()
+        self._stop_if_signalled(fit_ended=True)
         checkpoint, metrics = self.config_init.fit.checkpoint, dict(self.trainer.callback_metrics)
         if checkpoint.best_model_score is not None:  # the figure of the weights it names
             metrics = {checkpoint.monitor: checkpoint.best_model_score}
@@ -184,9 +174,13 @@ class TrainCLI(LightningCLI):
 
     after_test = after_predict = after_validate
 
-    def _stop_if_signalled(self) -> None:  # after the stage's last check: its work is done, the command stops here
-        if signum := self.config_init[self.subcommand].stop.signal:
-            raise Stopped(signum, command=[])
+    def _stop_if_signalled(self, fit_ended: bool = False) -> None:  # after a stage's last check: its work is done
+        if not (signum := (stop := self.config_init[self.subcommand].stop).signal):
+            return
+        if fit_ended and (last := stop.last_path()) and Path(last).is_file():  # the run continues to its test
+            rank_zero_info(f"Stopped by {signal.Signals(signum).name} as the fit ended; {last} holds its end.")
+            raise Stopped(signum, last)
+        raise Stopped(signum, command=[])
 
 
 def main(args: list[str] | None = None) -> None:
@@ -195,9 +189,7 @@ def main(args: list[str] | None = None) -> None:
     cli_args, subcommand = command_line(args, ABOUT)
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options
         return print(HELP.strip())
-
-    program = [runnable(Path(sys.executable)), here(Path(__file__))]
-    with end_the_job(program, args, subcommand == "fit") as job:  # the exit status, and what is said
+    with end_the_job(args, subcommand == "fit") as job:  # the exit status, and what is said
         if subcommand == "export":
             job.status = export(cli_args[1:])
         else:

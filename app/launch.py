@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks.graceful_stop import Stopped
-from app.console import TRACEBACK_VARIABLE, BelowTheBar, options_of, report
+from app.console import TRACEBACK_VARIABLE, BelowTheBar, here, options_of, report, runnable
 
 # What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
 # fmt: off
@@ -89,15 +89,15 @@ def settle_shape(trainer, stop, kubeflow: bool) -> None:
 
 
 @contextmanager
-def end_the_job(program: list[str], args: list[str], fit: bool) -> Iterator[SimpleNamespace]:
+def end_the_job(args: list[str], fit: bool) -> Iterator[SimpleNamespace]:
     """Around the program's work, which sets the job's exit status (`job.status`), end the process as a shell
     expects: 0; 1 after a mistake or a bug, said in one line or a short traceback (`report`); after a stop by a
     signal, by that signal (130 after Ctrl-C, 143 after SIGTERM: a shell loop stops), with the command that goes on,
-    quoted for a shell: `program` (`python train.py`, and `fit` where the command named it) continuing the run's
-    folder where it ran (`job.shape`: `--devices 2`), the stop's own `command`, or the same `args` again (a stop that
-    kept nothing: an evaluation cut short, a fit before its first step). The program's lines
+    quoted for a shell: `python train.py` as the user types it here (and `fit` where the command named it)
+    continuing the run's folder where it ran (`job.shape`: `--devices 2`), the stop's own `command`, or the same
+    `args` again (a stop that kept nothing: an evaluation cut short, a fit before its first step). The program's lines
     (`rank_zero_info`) stand below the progress bar. The work runs in the caller's frame: no frame of its own."""
-    job = SimpleNamespace(status=0, shape=[])
+    job, program = SimpleNamespace(status=0, shape=[]), [runnable(Path(sys.executable)), here(PROGRAM / "train.py")]
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
     for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):

@@ -144,10 +144,11 @@ def checkpoint_settings(contents: dict) -> dict:
     return settings
 
 
-def run_logger(start: Start | None, subcommand: str, root: str, model: str, dataset: str) -> "RunLogger":
-    """Where a command writes: the run it continues, a new `version_N` of the runs of `model` on `dataset` in `root`,
-    or for an evaluation `<run>/<stage>/version_N` beside the run whose checkpoint it evaluates."""
-    runs = Path(root) / run_name(model, dataset)
+def run_logger(start: Start | None, subcommand: str, root: str, model: object, data: object) -> "RunLogger":
+    """Where a command writes: the run it continues, a new `version_N` of the runs of `model` on the dataset of `data`
+    (its `hparams.dataset`) in `root`, or for an evaluation `<run>/<stage>/version_N` beside the run whose checkpoint
+    it evaluates."""
+    runs = Path(root) / run_name(type(model).__name__, data.hparams.dataset)
     if start is not None and start.continues:
         return RunLogger(start.run.parent.parent, start.run.parent.name, version=start.run.name)
     if subcommand == "fit":
