@@ -1,5 +1,6 @@
 """GracefulStop in a Trainer of one's own: one process, and two gloo processes the test starts itself."""
 
+import inspect
 import json
 import math
 import os
@@ -112,6 +113,28 @@ def test_a_signal_before_the_loops_stops_as_they_start_and_one_in_an_evaluation_
     with pytest.raises(Stopped) as stopped:
         trainer.test(datamodule=trainer.datamodule, ckpt_path=str(tmp_path / "last.ckpt"), weights_only=True)
     assert stopped.value.signum == signal.SIGTERM and stop.signal is None
+
+    class SignalInsideInspect(Callback):
+        """SIGTERM as the test runs library code that turns any Exception into its own (`inspect.getfullargspec`:
+        `TypeError: unsupported callable`): the stop, a SystemExit, goes through."""
+
+        def on_test_batch_start(self, *args) -> None:
+            class Signalled:
+                def __call__(self) -> None: ...
+
+                @property
+                def __signature__(self) -> None:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:  # the handler runs between two lines
+                        pass
+
+            inspect.getfullargspec(Signalled())
+
+    trainer.callbacks[-1] = SignalInsideInspect()
+    with pytest.raises(Stopped) as stopped:
+        trainer.test(datamodule=trainer.datamodule, ckpt_path=str(tmp_path / "last.ckpt"), weights_only=True)
+    assert stopped.value.signum == signal.SIGTERM
 
 
 def test_a_hang_up_ignored_as_under_nohup_stays_ignored(data_dir, tmp_path):
