@@ -1,6 +1,7 @@
 """The two networks: the tutorials' sizes, raw pixels in, that each learns under a real (single-process) Trainer,
 and that a checkpoint alone classifies raw pixels."""
 
+import ast
 import re
 import shutil
 
@@ -165,3 +166,12 @@ def test_a_model_added_as_a_file_under_models_trains_as_model_name(data_dir, tmp
     assert "models.tinynet.TinyNet" in listed.stdout
     (said,) = [line for line in listed.stderr.splitlines() if "draft.py" in line]  # one line, no traceback
     assert said.startswith("models/draft.py could not be imported (SyntaxError: ") and "Traceback" not in listed.stderr
+
+
+def test_the_models_and_the_data_import_nothing_of_app():
+    """The centre is plain Lightning (docs/architecture.md): what models/ and datamodules/ import, app/ is not."""
+    for path in sorted(p for folder in ("models", "datamodules") for p in (REPO / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert all(name.split(".")[0] != "app" for name in names), f"{path.relative_to(REPO)}: {names}"
