@@ -3,6 +3,7 @@ optimizer."""
 
 import math
 import os
+import pickle
 import warnings
 from typing import Literal
 
@@ -20,6 +21,8 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from models.confusion import confusion_picture
+
+LEAVE_IT_OUT = "Give a checkpoint file, or leave it out."
 
 NUM_CLASSES = 10
 
@@ -136,19 +139,17 @@ class ImageClassifier(LightningModule):
         own, and needs the file no more."""
         if self.hparams.weights and self.trainer.ckpt_path is None:
             self.check_fit(self.trainer, new_run=True)
-            saved = torch.load(self.hparams.weights, map_location="cpu", weights_only=True)
+            saved = self.saved_weights()
             self.on_load_checkpoint(saved)
             self.load_state_dict(saved["state_dict"])
 
     def check_fit(self, trainer: Trainer, new_run: bool) -> None:
         """Refuse a Trainer this model cannot be fitted with (what `cuda_graph` needs), settings its optimizer refuses
         (torch's ValueError, once built on the parameters), and for a `new_run` (no checkpoint restored) `weights`
-        that are no file. train.py asks before it starts the processes; `setup` and `on_fit_start` ask again, for a
-        Trainer of a user's own code."""
-        if new_run and self.hparams.weights and not os.path.isfile(self.hparams.weights):
-            raise MisconfigurationException(
-                f"--model.weights {self.hparams.weights}: no such file. Give a checkpoint file, or leave it out."
-            )
+        it cannot start from. train.py asks before it starts the processes; `setup` and `on_fit_start` ask again, for
+        a Trainer of a user's own code."""
+        if new_run and self.hparams.weights:
+            self.saved_weights()
         if trainer.state.fn is None:  # not fitting yet: Lightning builds the optimizer it trains with later
             self.configure_optimizers()
         if not self.hparams.cuda_graph:
@@ -236,6 +237,30 @@ class ImageClassifier(LightningModule):
                 "--model.cuda_graph true cannot add up gradients over several batches (gradient accumulation, or"
                 " gradients zeroed instead of set to None between steps): give --model.cuda_graph false."
             )
+
+    def saved_weights(self) -> dict:
+        """The checkpoint `weights` names, refused in one line where this network cannot start from it: no file, one
+        torch cannot read as a checkpoint (cut short, not torch's, more than tensors), or another network's tensors."""
+        weights, name = self.hparams.weights, type(self).__name__
+        if not os.path.isfile(weights):
+            raise MisconfigurationException(f"--model.weights {weights}: no such file. {LEAVE_IT_OUT}")
+        try:
+            saved = torch.load(weights, map_location="cpu", weights_only=True)
+            state = saved["state_dict"]
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, KeyError, TypeError) as error:
+            raise MisconfigurationException(
+                f"--model.weights {weights}: torch cannot read it as a trained run's checkpoint (a file cut short,"
+                f" another kind of file, or one that holds more than tensors). {LEAVE_IT_OUT}"
+            ) from error
+        own = self.state_dict()
+        shapes = {key for key in own.keys() & state.keys() if own[key].shape != state[key].shape}
+        if differ := sorted(set(own) ^ set(state) | shapes):
+            raise MisconfigurationException(
+                f"--model.weights {weights}: not the tensors of this {name} ({len(differ)} differ, the first"
+                f" {differ[0]}): weights of another network or other sizes. Give a checkpoint of such a {name}, or"
+                " leave it out."
+            )
+        return saved
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """The weights come with the normalisation they were trained with: whichever way the module was built (a

@@ -330,6 +330,20 @@ def test_a_run_from_weights_continues_and_is_tested_after_the_weights_file_is_go
     assert tested.returncode == 0, tested.stderr[-2000:]
 
 
+def test_weights_a_new_run_cannot_start_from_are_one_line_before_anything(checkpoint, data_dir, tmp_path):
+    """A file cut short, a file of another kind, another network's checkpoint: the user's file, said so, no folder."""
+    best, _ = checkpoint
+    (cut := tmp_path / "cut.ckpt").write_bytes(best.read_bytes()[:5000])
+    (text := tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    for weights, more in ((cut, ()), (text, ()), (best, ("--model", "ConvNet"))):
+        line = error(*small_run(data_dir, tmp_path / "runs", *more, "--model.weights", str(weights)))
+        assert line.startswith(f"error: --model.weights {weights}: "), line
+        assert line.endswith(
+            ("Give a checkpoint file, or leave it out.", "Give a checkpoint of such a ConvNet, or leave it out.")
+        )
+    assert "not the tensors of this ConvNet" in line and not (tmp_path / "runs").exists()
+
+
 def test_a_subcommands_name_as_an_options_value_is_that_value(tmp_path):
     printed = run_in_process("--trainer.default_root_dir", "test", "--print_config")
     assert printed.returncode == 0, printed.stderr[-2000:]
