@@ -168,7 +168,7 @@ class TrainCLI(LightningCLI):
             lines = [f"Predictions: {shlex.quote(str(self.config_init.predict.predictions.written))}"]
         elif isinstance(logger := self.trainer.logger, RunLogger) and logger.folder is not None:
             tensorboard = runnable(Path(sys.executable).with_name("tensorboard"))
-            lines += [f"Dashboard: {shlex.join([tensorboard, '--logdir', str(self.trainer.default_root_dir)])}"]
+            lines += [f"Dashboard: {shlex.join([tensorboard, '--logdir', str(logger.save_dir)])}"]  # (the run's too)
             lines += [f"{'Run folder' if self.subcommand == 'fit' else 'Logs'}: {shlex.quote(str(logger.folder))}"]
         rank_zero_info("\n".join(lines))
 

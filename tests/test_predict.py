@@ -67,6 +67,8 @@ def test_test_and_predict_of_a_runs_checkpoint_on_two_processes_write_beside_tha
         assert result.returncode == 0, result.stderr[-3000:]
         lines = result.stdout.strip().splitlines()
         assert lines[-1] == last_line, lines[-3:]  # the last line says where
+        if subcommand == "test":  # the dashboard of the run's logs and its test's
+            assert lines[-2].startswith("Dashboard: ") and lines[-2].endswith(f" --logdir {run}"), lines[-3:]
         assert "dirpath has changed" not in result.stderr
         said = f"--ckpt_path {run / 'checkpoints' / best.name} (step "
         assert said in result.stdout + result.stderr  # which weights, once, in this program's words
