@@ -46,10 +46,12 @@ class Dashboard(Callback):
         self._interval_start, self._samples, self._first_step = time.perf_counter(), 0, trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        every = trainer.log_every_n_steps if self.every_n_steps is None else self.every_n_steps
+        if not every or not trainer.is_global_zero:
+            return
         self._samples += extract_batch_size(batch)
         steps = trainer.global_step - self._first_step  # optimizer steps: a batch is a step's part under gradient
-        every = trainer.log_every_n_steps if self.every_n_steps is None else self.every_n_steps  # accumulation
-        if not every or not steps or trainer.global_step % every != 0 or not trainer.is_global_zero:
+        if not steps or trainer.global_step % every != 0:  # accumulation
             return
         seconds = time.perf_counter() - self._interval_start
         speed = {"workload/samples_per_s": self._samples * trainer.world_size / seconds}

@@ -1,5 +1,4 @@
-"""GracefulStop: every process of the job stops at one step on a stop signal, the end of the time budget or a diverged
-loss, and keeps it."""
+"""GracefulStop: every process stops at one step on a stop signal, the time budget's end or a diverged loss."""
 
 import os
 import signal
@@ -182,7 +181,7 @@ class GracefulStop(Callback):
             )
 
     def on_train_batch_start(self, trainer: Trainer, *args) -> None:
-        self._asked = trainer.should_stop  # by another callback before (EarlyStopping before min_epochs, say)
+        self._asked = self._active and trainer.should_stop  # by another callback (EarlyStopping before min_epochs)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if not self._active:
@@ -278,6 +277,8 @@ class GracefulStop(Callback):
         return self.checkpoint.format_checkpoint_name({}, filename=self.checkpoint.CHECKPOINT_NAME_LAST)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if not self.every_n_steps:
+            return
         end_bars(trainer)  # the lines said next (the stop's, an error's) stand below them
         if isinstance(exception, Stopped) and self._evaluating:
             stage = trainer.state.fn.value
