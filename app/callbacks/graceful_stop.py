@@ -49,19 +49,22 @@ class GracefulStop(Callback):
         save_every_s: Seconds of training after which a check saves `last.ckpt` too, mid-epoch (0: each check;
             None: never); a new run then also saves its weights before its first step.
 
-    The handlers only record the signal (one that ran a collective would hang against another process's gradient
-    all-reduce); the processes act on it together at the next check: `last.ckpt` is saved and each raises `Stopped`.
-    SIGTERM and SIGHUP reach the processes Lightning's launcher started, as Lightning passes them on. A signal before
-    the training loop stops every process as it starts, keeping nothing; one during an evaluation, or a second Ctrl-C
-    a second after the first, stops at once; one after the last check stays in `signal` for the caller. After SLURM's
-    signal, `scontrol requeue`. A non-finite loss, any step's, is kept on the device and read at the checks and before
-    each checkpoint is saved: `UserError` before one could hold it. A signal ignored at the start (SIGHUP under
-    `nohup`) stays ignored; the handlers from before come back at the stage's end. The budget's end (Lightning's
-    `Timer` sets `trainer.should_stop` at a step; this callback then runs after it) saves `last.ckpt` there, mid-epoch
-    too, at the end of an accumulated step, and the fit ends as Lightning ends it (a validation at an epoch's end, a
-    best checkpoint by `checkpoint.monitor`, which `last.ckpt` then learns; `fit` returns); a continued run gets a
-    budget of its own, not what is left of the one before (a chain of jobs): checkpoints hold no Timer's time.
-    Without a checkpoint to keep it, or before `min_epochs`/`min_steps`, the stop is Lightning's alone.
+    The handlers only record the signal; the processes act on it together at the next check (`last.ckpt` saved,
+    `Stopped` raised on each). SIGTERM and SIGHUP reach the processes Lightning's launcher started. A signal before the
+    training loop stops every process as it starts, keeping nothing; one during an evaluation, or a second Ctrl-C a
+    second after the first, stops at once; one after the last check stays in `signal` for the caller. After SLURM's
+    signal, `scontrol requeue`. A non-finite loss, kept on the device, is read at the checks and before each checkpoint:
+    `UserError` before one could hold it. A signal ignored at the start (SIGHUP under `nohup`) stays ignored; the
+    handlers from before come back at the stage's end. The budget's end saves `last.ckpt` at the Timer's step (at the
+    end of an accumulated step) and the fit ends as Lightning ends it (a validation at an epoch's end, a best by
+    `checkpoint.monitor`, which `last.ckpt` then learns); a continued run gets a budget of its own (checkpoints hold no
+    Timer's time). Without a checkpoint, or before `min_epochs`/`min_steps`, the stop is Lightning's alone.
+
+    Example::
+
+        last = ModelCheckpoint(dirpath="checkpoints", filename="last", enable_version_counter=False)
+        trainer = Trainer(strategy="ddp", devices=2, callbacks=[last, GracefulStop(checkpoint=last)])
+        trainer.fit(model)  # SIGTERM: one step on every process, status 143; then ckpt_path="checkpoints/last.ckpt"
     """
 
     def __init__(
@@ -165,9 +168,7 @@ class GracefulStop(Callback):
         )
         signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
         if signum:
-            rank_zero_info(
-                f"Stopped by {NAMES[signum]} before the first training step of this command: it kept nothing."
-            )
+            rank_zero_info(f"Stopped by {NAMES[signum]} before this command's first training step: it kept nothing.")
             self.signal = None
             raise Stopped(signum)
 
@@ -207,8 +208,7 @@ class GracefulStop(Callback):
             self._check(trainer, epoch_end=True)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
-        """Before any checkpoint of the fit is written (every process saves it): none holds diverged weights, nor the
-        time the Timer counted (a continued run's budget is its own, with a Timer or without)."""
+        """Before any checkpoint of the fit is written (every process): no diverged weights in it, no Timer time."""
         if self._active and not self._evaluating:
             self._check(trainer, loss_only=True)
             self.on_load_checkpoint(trainer, pl_module, checkpoint)

@@ -34,6 +34,10 @@ class StallWatchdog(Callback):
     rank 0, under Lightning's launcher), and no one would be left to name it. The addresses are exchanged as a stage
     starts (one `all_gather_object`). The lowest process that still answers names the others; each process that
     noticed ends, killing the silent ones of its own host. What the last checkpoint holds stays.
+
+    Example::
+
+        trainer = Trainer(strategy="ddp", devices=2, num_nodes=2, callbacks=[StallWatchdog(timeout=300)])
     """
 
     def __init__(self, timeout: NonNegativeFloat = 60) -> None:

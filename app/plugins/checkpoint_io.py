@@ -22,7 +22,12 @@ OTHER = "Give another checkpoint (last.ckpt, or the best one in the same folder)
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, each file written whole (`write_whole`): a kill or a power cut leaves the old
     file or the new one, never half of one. A full disk ends the run in one line that says where, and that the
-    previous file is intact. A remote path (`s3://...`) keeps Lightning's own writer."""
+    previous file is intact. A remote path (`s3://...`) keeps Lightning's own writer.
+
+    Example::
+
+        trainer = Trainer(plugins=[AtomicCheckpointIO()])  # every checkpoint the Trainer saves, whole
+    """
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any = None) -> None:
