@@ -25,7 +25,7 @@ from app.callbacks import Dashboard, GracefulStop, PredictionWriter, StallWatchd
 from app.console import UserError, runnable
 from app.errors import parser_line, rejected
 from app.export import export
-from app.launch import end_the_job, one_process_on_the_cpu, shared, wait_for_the_launched
+from app.launch import end_the_job, one_process_on_the_cpu, pass_stop_signals_on, shared, wait_for_the_launched
 from app.plugins import RendezvousDDPStrategy
 from app.runs import RunLogger, RunRecord, check_folders, next_record, run_name
 from app.settings import HELP, Parser, Trainer, command_line, on, settle
@@ -136,6 +136,7 @@ class TrainCLI(LightningCLI):
     def before_validate(self) -> None:
         check_folders(self.trainer, self.start, self.subcommand)  # before anything is written
         self.checked = True
+        pass_stop_signals_on(self.trainer)  # (ddp_spawn's processes)
 
     before_test = before_predict = before_validate
 
@@ -184,7 +185,6 @@ class TrainCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Run `train.py ARGS`; end as a shell expects (`app/launch.py`: `end_the_job`)."""
     args = list(sys.argv[1:] if args is None else args)
     cli_args, subcommand = command_line(args, ABOUT)
     if subcommand is None and {"-h", "--help"} & set(args):  # the program's; a subcommand's lists its options

@@ -11,21 +11,24 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.callbacks.graceful_stop import Stopped
+from app.callbacks.graceful_stop import GracefulStop, Stopped
 from app.console import TRACEBACK_VARIABLE, BelowTheBar, here, options_of, report, runnable
 
 # What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
@@ -38,6 +41,9 @@ PROGRAM = Path(__file__).resolve().parents[1]
 # A process that ddp_spawn started (it imports train.py, and so this) leaves its process group at its exit, where
 # gloo's threads would abort it ("terminate called without an active exception"): it goes first.
 atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
+# Nothing a user of this program does or can change; in every process (those of ddp_spawn import this module too).
+for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
+    warnings.filterwarnings("ignore", message=noise)
 
 
 def launcher_shape(kubeflow: bool = False) -> dict | None:
@@ -100,8 +106,6 @@ def end_the_job(args: list[str], fit: bool) -> Iterator[SimpleNamespace]:
     job, program = SimpleNamespace(status=0, shape=[]), [runnable(Path(sys.executable)), here(PROGRAM / "train.py")]
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt again
-    for noise in ("LightningCLI's args", r"`isinstance\(treespec", "'set_vital'", "The dirpath has", "Checkpoint dir"):
-        warnings.filterwarnings("ignore", message=noise)  # nothing a user of this program does or can change
     said = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info: the program's lines
     if not any(isinstance(handler, BelowTheBar) for handler in said.handlers):
         said.addHandler(BelowTheBar())
@@ -160,6 +164,37 @@ def wait_for_the_launched(strategy: Strategy) -> int:
             print(f"{failed} work was done, so the job failed.", file=sys.stderr, flush=True)
             return 1
     return 0
+
+
+def pass_stop_signals_on(trainer) -> None:
+    """Under Lightning's multiprocessing launcher (`--trainer.strategy ddp_spawn`) this process trains nothing: it
+    waits for the processes it starts. A stop signal it gets then goes on to them, whose GracefulStop stops them at
+    one step; once they have ended, this one stops as they did (`Stopped`, with the fit's `last.ckpt` they wrote).
+    Where it trains itself (Lightning's subprocess launcher: GracefulStop takes the signals while a stage runs), or
+    before any such process runs, a signal acts as it did before; without a GracefulStop, nothing changes."""
+    stop = next((c for c in trainer.callbacks if isinstance(c, GracefulStop) and c.every_n_steps), None)
+    if trainer.strategy.launcher is None or stop is None or threading.current_thread() is not threading.main_thread():
+        return
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def pass_on(signum: int, frame: FrameType | None) -> None:
+        spawned = [p for p in trainer.strategy.launcher.procs if isinstance(p, BaseProcess) and p.is_alive()]
+        if not spawned:
+            signal.signal(signum, before[signum])
+            return before[signum](signum, frame) if callable(before[signum]) else signal.raise_signal(signum)
+        started, fitting = time.time(), trainer.state.fn == TrainerFn.FITTING
+        for process in spawned:
+            os.kill(process.pid, signum)
+        for process in spawned:
+            process.join()  # (a frozen one: their StallWatchdog ends them)
+        folders = {stop.checkpoint.dirpath} if stop.checkpoint and stop.checkpoint.dirpath else set()
+        folders = folders or {str(p) for p in Path(trainer.default_root_dir).glob("*/version_*/checkpoints")}
+        written = [p for f in folders if (p := Path(f, "last.ckpt")).is_file() and p.stat().st_mtime >= started]
+        raise Stopped(signum, str(written[0]) if fitting and len(written) == 1 else None, None if fitting else [])
+
+    for signum, handler in before.items():
+        if handler is not signal.SIG_IGN:  # (SIGHUP under nohup: ignored, as before)
+            signal.signal(signum, pass_on)
 
 
 def one_process_on_the_cpu(trainer) -> None:

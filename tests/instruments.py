@@ -17,14 +17,19 @@ from lightning.pytorch.callbacks import Timer
 class SignalAt(Callback):
     """Global rank `rank` sends `signum` after training step `step` (or, with `step` -1, as the stage is set up,
     before its loops; with `step` -2 at the first test or prediction batch; with -3 as the fit ends, after its last
-    check): to itself, or with `group` to its process group, as a terminal does (a real run's)."""
+    check): to itself, with `group` to its process group, as a terminal does (a real run's), or with `parent` to the
+    process that started it (ddp_spawn's)."""
 
-    def __init__(self, signum: int = int(signal.SIGTERM), step: int = 1, rank: int = 0, group: bool = False) -> None:
-        self.signum, self.step, self.rank, self.group = signum, step, rank, group
+    def __init__(
+        self, signum: int = int(signal.SIGTERM), step: int = 1, rank: int = 0, group: bool = False, parent: bool = False
+    ) -> None:
+        self.signum, self.step, self.rank, self.group, self.parent = signum, step, rank, group, parent
 
     def _send(self, trainer: Trainer) -> None:
-        if trainer.global_rank == self.rank:
-            os.killpg(os.getpgrp(), self.signum) if self.group else os.kill(os.getpid(), self.signum)
+        if trainer.global_rank == self.rank and self.group:
+            os.killpg(os.getpgrp(), self.signum)
+        elif trainer.global_rank == self.rank:
+            os.kill(os.getppid() if self.parent else os.getpid(), self.signum)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.step == -1:
