@@ -138,7 +138,7 @@ def parser_line(message: str, parser, args: list[str] = (), subcommand: str = "f
         if (typed := next(group for group in unknown.groups() if group)) in LightningCLI.subcommands():
             return f"{typed} after options: the subcommand goes first (train.py {typed} OPTIONS)."
         name = typed.lstrip("-").split("=")[0]
-        option = "--" + ".".join([*keys, name] if unknown.group(3) else [name])
+        option = re.sub(r"\.init_args(?=\.)", "", "--" + ".".join([*keys, name] if unknown.group(3) else [name]))
         if older_name(option):  # each of the command's, at once, and the file that holds it
             return _older_line(option, older_options(list(args)))
         held = f" (in {file})" if (file := given_in(list(args)).get(option)) else ""

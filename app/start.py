@@ -109,7 +109,8 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
         )
     if run.is_dir():
         if not (run / CHECKPOINTS / LAST).is_file():
-            inside = sorted(p.name for p in run.iterdir() if (p / CHECKPOINTS / LAST).is_file())[-3:]
+            held = [f"version_{n}" for n in sorted(versions(run))]
+            inside = [name for name in held if (run / name / CHECKPOINTS / LAST).is_file()][-3:]  # the newest
             hint = f"it holds the runs {', '.join(inside)}: give one of them" if inside else "give a checkpoint file"
             raise UserError(f"--ckpt_path {run} is a folder without {CHECKPOINTS}/{LAST}; {hint}, or last.")
         checkpoint = run / CHECKPOINTS / LAST

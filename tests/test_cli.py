@@ -161,6 +161,10 @@ def test_the_subcommand_is_found_after_the_config_and_an_options_value_is_no_sub
         f"error: --trainer.max_epochs (in {tmp_path / 'flat.yaml'}): a --config before the subcommand holds each"
         " subcommand's settings under its name (fit:); give this file after it: train.py fit --config FILE."
     )
+    (tmp_path / "printed.yaml").write_text("model:\n  class_path: models.SeqNet\n  init_args:\n    one_cycle: false\n")
+    assert error(f"--config={tmp_path / 'printed.yaml'}", "fit").startswith(  # as --print_config writes a class
+        f"error: --model.one_cycle (in {tmp_path / 'printed.yaml'}): a --config before the subcommand holds each"
+    )
     assert error("--trainer.max_epochs", "1", "test") == (
         "error: test after options: the subcommand goes first (train.py test OPTIONS)."
     )

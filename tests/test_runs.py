@@ -81,6 +81,12 @@ def test_last_is_the_newest_run_that_holds_a_last_checkpoint(checkpoint, tmp_pat
     assert find_start("last", "test", runs).settings["model"]["class_path"] == "models.SeqNet"  # the weights' own
     assert find_start(str(runs / "version_0"), "fit", runs).run == runs / "version_0"
     assert find_start("last", "fit", tmp_path / "none") is None  # nothing to continue: a new run
+    many = tmp_path / "many"
+    for number in range(12):
+        (many / f"version_{number}" / "checkpoints").mkdir(parents=True)
+        (many / f"version_{number}" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(UserError, match="it holds the runs version_9, version_10, version_11: give one of them"):
+        find_start(str(many), "test", many)  # the newest, by their numbers
     (runs / "version_1" / "config.yaml").write_text("- not: settings\n")
     with pytest.raises(UserError, match="config.yaml is damaged"):
         find_start("last", "fit", runs)
