@@ -29,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks.graceful_stop import GracefulStop, Stopped
-from app.console import TRACEBACK_VARIABLE, BelowTheBar, here, options_of, report, runnable
+from app.console import TRACEBACK_VARIABLE, BelowTheBar, UserError, here, options_of, report, runnable
 
 # What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
 # fmt: off
@@ -59,6 +59,11 @@ def launcher_shape(kubeflow: bool = False) -> dict | None:
         nodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
         devices = int(str(env.get("SLURM_NTASKS_PER_NODE", int(env["SLURM_NTASKS"]) // nodes)).split("(")[0])
         return {"launcher": "SLURM", "devices": devices, "num_nodes": nodes, "restarts": 0}
+    if kubeflow and "WORLD_SIZE" not in env:
+        raise UserError(
+            "--trainer.plugins KubeflowEnvironment: WORLD_SIZE is not set. The Training Operator sets it in each pod of"
+            " a PyTorchJob; leave the plugin out elsewhere."
+        )
     if kubeflow:  # a PyTorchJob: one process a pod
         return {"launcher": "the PyTorchJob", "devices": 1, "num_nodes": int(env["WORLD_SIZE"]), "restarts": 0}
     return None

@@ -125,8 +125,13 @@ def find_start(ckpt_path: str | None, subcommand: str, runs: Path, weights_only:
             for key in ("ckpt_path", "config", "weights_only"):
                 settings.pop(key, None)
             earlier_settings(settings, records(run)[-1])
+            trainer = settings.get("trainer") or {}
             for key in WHERE_IT_RUNS:  # the processes, the nodes and the accelerator are the command's, as it runs now
-                (settings.get("trainer") or {}).pop(key, None)
+                trainer.pop(key, None)
+            if "plugins.environments." in str(plugins := trainer.pop("plugins", None)):  # a cluster's too (a pod's)
+                plugins = [p for p in plugins if "environments." not in str(p)] if isinstance(plugins, list) else None
+            if plugins:
+                trainer["plugins"] = plugins
             return Start(ckpt_path, checkpoint, contents, run, settings, continues=True)
         return Start(ckpt_path, checkpoint, contents, run, checkpoint_settings(contents), subcommand == "fit")
     contents = read_checkpoint(run, weights_only)

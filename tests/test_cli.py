@@ -116,6 +116,10 @@ def test_a_mistake_on_the_command_line_is_one_line_with_its_deepest_cause(args, 
         (["--checkpoint.mode", "bad"], "error: --checkpoint.mode bad: `mode` can be min, max but got bad"),
         (["--last_checkpoint.save_top_k", "-5"], "error: --last_checkpoint.save_top_k -5: Invalid value for save"),
         (["--model.weights", "no/such.ckpt"], "error: --model.weights no/such.ckpt: no such file. Give a checkpoint"),
+        (
+            ["--trainer.plugins", "lightning.pytorch.plugins.environments.KubeflowEnvironment"],
+            "error: --trainer.plugins KubeflowEnvironment: WORLD_SIZE is not set. The Training Operator sets it",
+        ),
         (["--model.pixel_mean", "0.5"], "error: --model.pixel_mean 0.5 --model.pixel_std None: pixel_mean and"),
         (["--model", "ConvNet", "--model.kernel_sizes", "[13,13]"], "error: --model.kernel_sizes [13, 13]: kernel_"),
         (

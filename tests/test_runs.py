@@ -73,6 +73,7 @@ def test_last_is_the_newest_run_that_holds_a_last_checkpoint(checkpoint, tmp_pat
     for number, saved in ((0, True), (1, True), (2, False)):
         (runs / f"version_{number}" / "checkpoints").mkdir(parents=True)
         shape = "  devices: 4\n  num_nodes: 2\n  accelerator: gpu\n"  # where it ran: not where it runs now
+        shape += "  plugins:\n    class_path: lightning.pytorch.plugins.environments.KubeflowEnvironment\n"  # (a pod's)
         (runs / f"version_{number}" / "config.yaml").write_text(f"trainer:\n  max_epochs: 1\n{shape}")
         if saved:
             (runs / f"version_{number}" / "checkpoints" / "last.ckpt").write_bytes(best.read_bytes())
