@@ -61,40 +61,6 @@ def test_sigterm_with_the_graceful_stop_off_ends_the_job_by_sigterm(data_dir, tm
     assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
 
 
-def test_a_stop_signal_to_the_process_that_ddp_spawn_started_the_others_from_stops_them_all(data_dir, tmp_path):
-    """That process trains nothing: it passes the signal on, waits for them to stop at one step, then stops as they
-    did, saying how to continue; nothing runs on after it."""
-    stop = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step=3", "--stop.every_n_steps=4")
-    spawn = ("--trainer.strategy", "ddp_spawn", "--trainer.callbacks.parent=true")
-    stopped = run_train(*small_run(data_dir, tmp_path, *stop, *spawn, devices=2))
-    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
-    run = tmp_path / "SeqNet-mnist" / "version_0"
-    said = f"Stopped by SIGTERM in epoch 0, after step 4; {run / 'checkpoints' / 'last.ckpt'} holds that step."
-    assert said in stopped.stderr  # (ddp_spawn's processes say it as Lightning does)
-    assert f"train.py --ckpt_path {run} --devices 2 --trainer.accelerator cpu" in stopped.stdout
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
-
-
-def test_ctrl_c_in_a_shell_loop_stops_the_loop(data_dir, tmp_path):
-    """A terminal's Ctrl-C reaches every process of the foreground group, the shell's too: bash ends the loop only if
-    the program ends by SIGINT (an exit status of 1 would run the next command)."""
-    press = (
-        "--trainer.callbacks+=tests.instruments.SignalAt",
-        "--trainer.callbacks.signum",
-        "2",
-        "--trainer.callbacks.step",
-        "3",
-        "--trainer.callbacks.group",
-        "true",
-    )
-    train = shlex.join([sys.executable, "train.py", *small_run(data_dir, tmp_path, *press, devices=2)])
-    loop = f"for run in 1 2; do echo run $run; {train}; done; echo after the loop"
-    result = run_command(["bash", "-c", loop])
-    assert result.returncode == -signal.SIGINT, result.stdout[-2000:]
-    assert "run 1" in result.stdout and "run 2" not in result.stdout and "after the loop" not in result.stdout
-    assert "Stopped by SIGINT (Ctrl-C) in epoch 0" in result.stdout
-
-
 def test_a_process_that_fails_after_the_others_finished_fails_the_job(data_dir, tmp_path):
     result = run_train(*small_run(data_dir, tmp_path, "--trainer.callbacks+=tests.instruments.FailAtExit", devices=2))
     assert result.returncode == 1, result.stderr[-3000:]

@@ -1,5 +1,6 @@
 """RendezvousDDPStrategy: what a node says while it waits for another, Ctrl-C during the wait, and nodes started with
-different settings; in processes the test starts itself, as Lightning's launcher starts a node's."""
+different settings; in processes the test starts itself, as Lightning's launcher starts a node's. Beside it, the
+processes of Lightning's `ddp_spawn`: joined by Lightning, and stopped by a signal to the one that started them."""
 
 import multiprocessing
 import os
@@ -11,13 +12,14 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from app.console import UserError
 from app.launch import wait_for_the_launched
 from app.plugins import RendezvousDDPStrategy
-from tests.helpers import ended, free_port, job, small_run, wait_for
+from tests.helpers import ended, free_port, job, run_train, small_run, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -149,3 +151,17 @@ def test_the_processes_of_lightnings_ddp_spawn_are_lightnings_to_join():
     spawned.join()
     strategy = types.SimpleNamespace(launcher=types.SimpleNamespace(procs=[spawned]))
     assert wait_for_the_launched(strategy) == 0
+
+
+def test_a_stop_signal_to_the_process_that_ddp_spawn_started_the_others_from_stops_them_all(data_dir, tmp_path):
+    """That process trains nothing: it passes the signal on, waits for them to stop at one step, then stops as they
+    did, saying how to continue; nothing runs on after it."""
+    stop = ("--trainer.callbacks+=tests.instruments.SignalAt", "--trainer.callbacks.step=3", "--stop.every_n_steps=4")
+    spawn = ("--trainer.strategy", "ddp_spawn", "--trainer.callbacks.parent=true")
+    stopped = run_train(*small_run(data_dir, tmp_path, *stop, *spawn, devices=2))
+    assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
+    run = tmp_path / "SeqNet-mnist" / "version_0"
+    said = f"Stopped by SIGTERM in epoch 0, after step 4; {run / 'checkpoints' / 'last.ckpt'} holds that step."
+    assert said in stopped.stderr  # (ddp_spawn's processes say it as Lightning does)
+    assert f"train.py --ckpt_path {run} --devices 2 --trainer.accelerator cpu" in stopped.stdout
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4

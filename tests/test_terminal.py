@@ -1,5 +1,5 @@
-"""What a user sees on a terminal: the program's lines stand below the progress bar, and a Ctrl-C while the
-libraries load ends the program quietly. Real processes, standard output and error on one stream."""
+"""What a user sees on a terminal: the program's lines stand below the progress bar, a Ctrl-C while the libraries
+load ends the program quietly, and one in a shell loop stops the loop. Real processes."""
 
 import os
 import shlex
@@ -57,3 +57,23 @@ def test_a_ctrl_c_while_the_libraries_load_ends_the_program_quietly_by_it():
     finally:
         process.kill()
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-2000:]
+
+
+def test_ctrl_c_in_a_shell_loop_stops_the_loop(data_dir, tmp_path):
+    """A terminal's Ctrl-C reaches every process of the foreground group, the shell's too: bash ends the loop only if
+    the program ends by SIGINT (an exit status of 1 would run the next command)."""
+    press = (
+        "--trainer.callbacks+=tests.instruments.SignalAt",
+        "--trainer.callbacks.signum",
+        "2",
+        "--trainer.callbacks.step",
+        "3",
+        "--trainer.callbacks.group",
+        "true",
+    )
+    train = shlex.join([sys.executable, "train.py", *small_run(data_dir, tmp_path, *press, devices=2)])
+    loop = f"for run in 1 2; do echo run $run; {train}; done; echo after the loop"
+    result = run_command(["bash", "-c", loop])
+    assert result.returncode == -signal.SIGINT, result.stdout[-2000:]
+    assert "run 1" in result.stdout and "run 2" not in result.stdout and "after the loop" not in result.stdout
+    assert "Stopped by SIGINT (Ctrl-C) in epoch 0" in result.stdout
