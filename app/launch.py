@@ -28,7 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from app.callbacks.graceful_stop import GracefulStop, Stopped
+from app.callbacks.graceful_stop import NAMES, GracefulStop, Stopped
 from app.console import TRACEBACK_VARIABLE, BelowTheBar, UserError, here, options_of, report, runnable
 
 # What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
@@ -174,32 +174,49 @@ def wait_for_the_launched(strategy: Strategy) -> int:
 def pass_stop_signals_on(trainer) -> None:
     """Under Lightning's multiprocessing launcher (`--trainer.strategy ddp_spawn`) this process trains nothing: it
     waits for the processes it starts. A stop signal it gets then goes on to them, whose GracefulStop stops them at
-    one step; once they have ended, this one stops as they did (`Stopped`, with the fit's `last.ckpt` they wrote).
-    Where it trains itself (Lightning's subprocess launcher: GracefulStop takes the signals while a stage runs), or
-    before any such process runs, a signal acts as it did before; without a GracefulStop, nothing changes."""
+    one step; once they have ended, this one stops as they did (`Stopped`, with the `last.ckpt` of the fit they wrote:
+    the one of the runs under the Trainer's folder that changed since this was called). Where it trains itself
+    (Lightning's subprocess launcher: GracefulStop takes the signals while a stage runs), in another process, or before
+    any such process runs, a signal acts as it did before; without a GracefulStop, nothing changes."""
     stop = next((c for c in trainer.callbacks if isinstance(c, GracefulStop) and c.every_n_steps), None)
     if trainer.strategy.launcher is None or stop is None or threading.current_thread() is not threading.main_thread():
         return
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    here, saved = os.getpid(), {path: path.stat().st_mtime_ns for path in last_checkpoints(trainer, stop)}
 
     def pass_on(signum: int, frame: FrameType | None) -> None:
-        spawned = [p for p in trainer.strategy.launcher.procs if isinstance(p, BaseProcess) and p.is_alive()]
-        if not spawned:
+        spawned = (
+            [p for p in trainer.strategy.launcher.procs if isinstance(p, BaseProcess)] if os.getpid() == here else []
+        )
+        if not any(process.is_alive() for process in spawned):
             signal.signal(signum, before[signum])
             return before[signum](signum, frame) if callable(before[signum]) else signal.raise_signal(signum)
-        started, fitting = time.time(), trainer.state.fn == TrainerFn.FITTING
-        for process in spawned:
+        fitting, stage = trainer.state.fn == TrainerFn.FITTING, trainer.state.fn.value
+        for process in (process for process in spawned if process.is_alive()):
             os.kill(process.pid, signum)
         for process in spawned:
             process.join()  # (a frozen one: their StallWatchdog ends them)
-        folders = {stop.checkpoint.dirpath} if stop.checkpoint and stop.checkpoint.dirpath else set()
-        folders = folders or {str(p) for p in Path(trainer.default_root_dir).glob("*/version_*/checkpoints")}
-        written = [p for f in folders if (p := Path(f, "last.ckpt")).is_file() and p.stat().st_mtime >= started]
-        raise Stopped(signum, str(written[0]) if fitting and len(written) == 1 else None, None if fitting else [])
+        codes = {process.exitcode for process in spawned}  # 0, or -signum: their stage was over (or not begun)
+        written = [path for path in last_checkpoints(trainer, stop) if saved.get(path) != path.stat().st_mtime_ns]
+        last = str(written[0]) if fitting and len(written) == 1 else None  # (two runs at once: none to name)
+        cut_short = not fitting and codes != {0}
+        if cut_short:
+            rank_zero_info(f"Stopped by {NAMES[signum]}: the {stage} was cut short and keeps nothing.")
+        elif last and codes <= {0, -signum}:
+            rank_zero_info(f"Stopped by {NAMES[signum]} as the fit ended; {last} holds its end.")
+        raise Stopped(signum, last, None if last or cut_short else [])
 
     for signum, handler in before.items():
         if handler is not signal.SIG_IGN:  # (SIGHUP under nohup: ignored, as before)
             signal.signal(signum, pass_on)
+
+
+def last_checkpoints(trainer, stop: GracefulStop) -> list[Path]:
+    """The `last.ckpt` files a fit of `trainer` may write: in its `checkpoint`'s folder, or in a run's under the
+    Trainer's folder (a run folder is claimed in the process that trains)."""
+    if stop.checkpoint is not None and stop.checkpoint.dirpath:
+        return [path] if (path := Path(stop.checkpoint.dirpath, "last.ckpt")).is_file() else []
+    return sorted(Path(trainer.default_root_dir).glob("*/version_*/checkpoints/last.ckpt"))
 
 
 def one_process_on_the_cpu(trainer) -> None:

@@ -246,12 +246,17 @@ class ImageClassifier(LightningModule):
             raise MisconfigurationException(f"--model.weights {weights}: no such file. {LEAVE_IT_OUT}")
         try:
             saved = torch.load(weights, map_location="cpu", weights_only=True)
-            state = saved["state_dict"]
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, KeyError, TypeError) as error:
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+            why = f" ({error.strerror})" if isinstance(error, OSError) and error.strerror else ""
             raise MisconfigurationException(
-                f"--model.weights {weights}: torch cannot read it as a trained run's checkpoint (a file cut short,"
-                f" another kind of file, or one that holds more than tensors). {LEAVE_IT_OUT}"
+                f"--model.weights {weights}: torch cannot read it as a checkpoint{why}: a file cut short, another kind"
+                f" of file, or one that holds more than tensors. {LEAVE_IT_OUT}"
             ) from error
+        if not isinstance(saved, dict) or not isinstance(state := saved.get("state_dict"), dict):
+            raise MisconfigurationException(
+                f"--model.weights {weights}: not a Trainer's checkpoint (no state_dict in it: a file torch.save"
+                f" wrote, a module's state_dict alone?). {LEAVE_IT_OUT}"
+            )
         own = self.state_dict()
         shapes = {key for key in own.keys() & state.keys() if own[key].shape != state[key].shape}
         if differ := sorted(set(own) ^ set(state) | shapes):

@@ -343,7 +343,9 @@ def test_weights_a_new_run_cannot_start_from_are_one_line_before_anything(checkp
     best, _ = checkpoint
     (cut := tmp_path / "cut.ckpt").write_bytes(best.read_bytes()[:5000])
     (text := tmp_path / "notes.ckpt").write_text("not a checkpoint")
-    for weights, more in ((cut, ()), (text, ()), (best, ("--model", "ConvNet"))):
+    torch.save(torch.load(best, weights_only=True)["state_dict"], bare := tmp_path / "state_dict.pt")
+    torch.save(torch.zeros(3), tensor := tmp_path / "tensor.pt")
+    for weights, more in ((cut, ()), (text, ()), (bare, ()), (tensor, ()), (best, ("--model", "ConvNet"))):
         line = error(*small_run(data_dir, tmp_path / "runs", *more, "--model.weights", str(weights)))
         assert line.startswith(f"error: --model.weights {weights}: "), line
         assert line.endswith(
