@@ -37,7 +37,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_printed_command_continu
         "--stop.every_n_steps",
         "4",
     )
-    stopped = run_train(*small_run(data_dir, tmp_path, *stop, devices=2))
+    stopped = run_train("fit", *small_run(data_dir, tmp_path, *stop, devices=2))  # (no test after it: shorter)
     assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
     run = tmp_path / "SeqNet-mnist" / "version_0"
     assert f"Stopped by SIGTERM in epoch 0, after step 4; {run / 'checkpoints' / 'last.ckpt'} holds that step." in (
@@ -47,7 +47,7 @@ def test_sigterm_stops_every_process_at_one_step_and_the_printed_command_continu
         line.removeprefix("Continue with: ") for line in stopped.stdout.splitlines() if "Continue with" in line
     ]
     where = ["--devices", "2", "--trainer.accelerator", "cpu"]  # where it ran, as given
-    assert shlex.split(command)[1:] == ["train.py", "--ckpt_path", str(run), *where], command
+    assert shlex.split(command)[1:] == ["train.py", "fit", "--ckpt_path", str(run), *where], command
     continued = run_command(shlex.split(command))
     assert continued.returncode == 0, continued.stderr[-3000:]
     assert f"--ckpt_path {run}: continuing {run}, from checkpoints/last.ckpt (step 4, epoch 0)." in continued.stdout
@@ -62,14 +62,15 @@ def test_sigterm_with_the_graceful_stop_off_ends_the_job_by_sigterm(data_dir, tm
 
 
 def test_a_process_that_fails_after_the_others_finished_fails_the_job(data_dir, tmp_path):
-    result = run_train(*small_run(data_dir, tmp_path, "--trainer.callbacks+=tests.instruments.FailAtExit", devices=2))
+    fails = "--trainer.callbacks+=tests.instruments.FailAtExit"
+    result = run_train("fit", *small_run(data_dir, tmp_path, fails, devices=2))  # (no test after it: a shorter job)
     assert result.returncode == 1, result.stderr[-3000:]
     assert re.search(
         r"error: the process of local rank 1 \(pid \d+\) ended with status -6, after this one's work was"
         " done, so the job failed.",
         result.stderr,
     )
-    assert "Finished: test/acc" in result.stdout
+    assert "Finished: val/acc" in result.stdout
 
 
 def test_a_full_disk_ends_the_run_in_one_line_keeping_the_last_checkpoint(data_dir, tmp_path):
