@@ -176,11 +176,12 @@ def pass_stop_signals_on(trainer) -> None:
     waits for the processes it starts. A stop signal it gets then goes on to them, whose GracefulStop stops them at
     one step; once they have ended, this one stops as they did (`Stopped`, with the `last.ckpt` of the fit they wrote:
     the one of the runs under the Trainer's folder that changed since this was called). Where it trains itself
-    (Lightning's subprocess launcher: GracefulStop takes the signals while a stage runs), in another process, or before
-    any such process runs, a signal acts as it did before; without a GracefulStop, nothing changes."""
+    (Lightning's subprocess launcher: GracefulStop takes the signals while a stage runs) or without a GracefulStop,
+    nothing changes; in another process, or before any such process runs, a signal acts as it did before."""
     stop = next((c for c in trainer.callbacks if isinstance(c, GracefulStop) and c.every_n_steps), None)
-    if trainer.strategy.launcher is None or stop is None or threading.current_thread() is not threading.main_thread():
-        return
+    spawns = type(trainer.strategy.launcher).__module__.endswith(".launchers.multiprocessing")  # (Lightning's module)
+    if not spawns or stop is None or threading.current_thread() is not threading.main_thread():
+        return  # (elsewhere a handler here would wait for a C call to return: a meeting's wait, say)
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     here, saved = os.getpid(), {path: path.stat().st_mtime_ns for path in last_checkpoints(trainer, stop)}
 
