@@ -108,11 +108,14 @@ def test_the_program_ends_by_the_signal_that_stopped_it_before_the_processes_met
         stderr=subprocess.STDOUT,
         text=True,
     )
-    for line in train.stdout:
-        if "Initializing distributed" in line:
-            train.send_signal(signal.SIGTERM)
-            break
-    assert train.wait(timeout=60) == -signal.SIGTERM
+    try:
+        for line in train.stdout:
+            if "Initializing distributed" in line:
+                train.send_signal(signal.SIGTERM)
+                break
+        assert train.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        train.kill()  # (nothing left behind where the test fails)
     assert not (tmp_path / "SeqNet-mnist").exists()
 
 
