@@ -30,6 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.callbacks.graceful_stop import NAMES, GracefulStop, Stopped
 from app.console import TRACEBACK_VARIABLE, BelowTheBar, UserError, here, options_of, report, runnable
+from app.runs import CHECKPOINTS, LAST
 
 # What may differ from node to node (docs/multinode.md): where each node keeps its files, and how it loads them.
 # fmt: off
@@ -215,9 +216,9 @@ def pass_stop_signals_on(trainer) -> None:
 def last_checkpoints(trainer, stop: GracefulStop) -> list[Path]:
     """The `last.ckpt` files a fit of `trainer` may write: in its `checkpoint`'s folder, or in a run's under the
     Trainer's folder (a run folder is claimed in the process that trains)."""
-    if stop.checkpoint is not None and stop.checkpoint.dirpath:
-        return [path] if (path := Path(stop.checkpoint.dirpath, "last.ckpt")).is_file() else []
-    return sorted(Path(trainer.default_root_dir).glob("*/version_*/checkpoints/last.ckpt"))
+    if (path := stop.last_path()) is not None:  # its folder given
+        return [Path(path)] if Path(path).is_file() else []
+    return sorted(Path(trainer.default_root_dir).glob(f"*/version_*/{CHECKPOINTS}/{LAST}"))
 
 
 def one_process_on_the_cpu(trainer) -> None:

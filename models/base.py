@@ -138,16 +138,15 @@ class ImageClassifier(LightningModule):
         """A new run starts from `weights` (with their statistics); a run Lightning restored from `ckpt_path` has its
         own, and needs the file no more."""
         if self.hparams.weights and self.trainer.ckpt_path is None:
-            self.check_fit(self.trainer, new_run=True)
-            saved = self.saved_weights()
+            saved = self.saved_weights()  # (refused in one line where it is none to start from)
             self.on_load_checkpoint(saved)
             self.load_state_dict(saved["state_dict"])
 
     def check_fit(self, trainer: Trainer, new_run: bool) -> None:
         """Refuse a Trainer this model cannot be fitted with (what `cuda_graph` needs), settings its optimizer refuses
         (torch's ValueError, once built on the parameters), and for a `new_run` (no checkpoint restored) `weights`
-        it cannot start from. train.py asks before it starts the processes; `setup` and `on_fit_start` ask again, for
-        a Trainer of a user's own code."""
+        it cannot start from. train.py asks before it starts the processes; `setup` asks again, and `on_fit_start`
+        reads `weights` as `saved_weights` does, for a Trainer of a user's own code."""
         if new_run and self.hparams.weights:
             self.saved_weights()
         if trainer.state.fn is None:  # not fitting yet: Lightning builds the optimizer it trains with later
